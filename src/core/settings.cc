@@ -1,0 +1,105 @@
+#include "molora/settings.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+namespace molora {
+namespace {
+
+std::mutex& mu() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::string>& overrides() {
+  static std::map<std::string, std::string> o;
+  return o;
+}
+
+}  // namespace
+
+const std::vector<SettingInfo>& registered_settings() {
+  static const std::vector<SettingInfo> kSettings = {
+      {"MOLORA_LOG", "", "comma-separated log categories (plan, comm, pool, align, all)"},
+      {"MOLORA_COMM_TIMEOUT_MS", "1000", "deadline of every all-reduce wait, in milliseconds"},
+      {"MOLORA_COMM_MAX_BYTES", "16777216", "largest all-reduce message on the P2P path"},
+      {"MOLORA_COMM_ONESHOT_MAX_BYTES", "",
+       "one-shot/two-shot switch point (bytes); empty = measured default"},
+      {"MOLORA_COMM_DISABLE_P2P", "0",
+       "1 = send every all-reduce to NCCL (counted as reason 'disabled')"},
+      {"MOLORA_LORA_CONFIG", "",
+       "path of a tuned LoRA config JSON (default: the file for this GPU)"},
+      {"MOLORA_PROF_THREADS", "", "parser threads for molora prof (default: hardware threads)"},
+  };
+  return kSettings;
+}
+
+static const SettingInfo* find_setting(const std::string& name) {
+  for (const auto& s : registered_settings())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+std::string get_setting(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = overrides().find(name);
+    if (it != overrides().end()) return it->second;
+  }
+  if (const char* v = std::getenv(name.c_str())) return v;
+  const SettingInfo* s = find_setting(name);
+  return s ? s->default_value : std::string();
+}
+
+std::string setting_source(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (overrides().count(name)) return "api";
+  }
+  if (std::getenv(name.c_str())) return "env";
+  return "default";
+}
+
+long long get_setting_int(const std::string& name, long long fallback) {
+  std::string v = get_setting(name);
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0') return fallback;
+  return x;
+}
+
+void set_setting(const std::string& name, std::optional<std::string> value) {
+  std::lock_guard<std::mutex> lock(mu());
+  if (value)
+    overrides()[name] = *value;
+  else
+    overrides().erase(name);
+}
+
+bool log_enabled(const std::string& category) {
+  std::string v = get_setting("MOLORA_LOG");
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (item == category || item == "all") return true;
+  return false;
+}
+
+void log(const std::string& category, const std::string& message) {
+  if (!log_enabled(category)) return;
+  std::lock_guard<std::mutex> lock(mu());
+  std::cerr << "[molora:" << category << "] " << message << std::endl;
+}
+
+void log_once(const std::string& key, const std::string& message) {
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu());
+  if (!seen.insert(key).second) return;
+  std::cerr << "[molora] " << message << std::endl;
+}
+
+}  // namespace molora

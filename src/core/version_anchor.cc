@@ -1,0 +1,2 @@
+// Anchor object of libmolora.so; the parts are linked in whole.
+#include "molora/version.h"
