@@ -1,0 +1,595 @@
+// pool CPU suite: safetensors reader (valid and hostile files), dtype conversion, PEFT loading
+// into the slot layout, scales, and the slot policy (LRU, pins, −1, limits).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "molora/safetensors.h"
+#include "pool_test_util.h"
+
+namespace molora {
+namespace {
+
+using pooltest::Model;
+using pooltest::Spec;
+
+class PoolFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = pooltest::temp_dir("cpu");
+    ASSERT_FALSE(root.empty());
+  }
+  void TearDown() override { std::system(("rm -rf '" + root + "'").c_str()); }
+  std::string root;
+};
+
+// ---- safetensors reader ---------------------------------------------------------------------
+
+TEST_F(PoolFiles, ReadsValidFile) {
+  std::vector<pool::StWriteTensor> ts = {
+      pooltest::make_tensor("a", "F32", 2, 3, 1, 0, 0, 0, 0),
+      pooltest::make_tensor("b", "BF16", 4, 1, 1, 0, 1, 0, 0),
+      {"empty", "F16", {0, 5}, {}},
+  };
+  std::string p = root + "/x.safetensors";
+  ASSERT_TRUE(pool::write_safetensors(p, ts));
+  std::unique_ptr<SafetensorsFile> f;
+  Status s = SafetensorsFile::open(p, &f);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const StHeader& h = f->header();
+  ASSERT_EQ(h.tensors.size(), 3u);
+  int64_t ia = h.find("a"), ib = h.find("b");
+  ASSERT_GE(ia, 0);
+  ASSERT_GE(ib, 0);
+  EXPECT_EQ(h.find("nope"), -1);
+  EXPECT_EQ(h.tensors[ia].dtype, StDType::kF32);
+  EXPECT_EQ(h.tensors[ia].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(std::memcmp(f->data(h.tensors[ia]), ts[0].bytes.data(), ts[0].bytes.size()), 0);
+  EXPECT_EQ(std::memcmp(f->data(h.tensors[ib]), ts[1].bytes.data(), ts[1].bytes.size()), 0);
+  EXPECT_EQ(h.tensors[h.find("empty")].numel(), 0u);
+}
+
+TEST_F(PoolFiles, MetadataAndWhitespace) {
+  std::string j = R"( {"__metadata__": {"format": "pt", "x": "y"},
+                      "t": {"shape": [2], "dtype": "F32", "data_offsets": [0, 8]}}   )";
+  j = "{" + j.substr(2);
+  std::string p = root + "/m.safetensors";
+  ASSERT_TRUE(pool::write_raw_safetensors(p, j, std::vector<uint8_t>(8, 0)));
+  std::unique_ptr<SafetensorsFile> f;
+  Status s = SafetensorsFile::open(p, &f);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(f->header().metadata.size(), 2u);
+  EXPECT_EQ(f->header().metadata[0].first, "format");
+}
+
+struct Hostile {
+  const char* what;
+  std::string json;    // header (used unless raw is set)
+  size_t data_bytes;   // zero bytes after the header
+  const char* expect;  // substring of the message
+  const char* tensor;  // tensor name that must be named ("" = none)
+};
+
+TEST_F(PoolFiles, HostileHeadersAreParseErrorsNamingFileAndTensor) {
+  const std::string t8 = R"("t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  std::vector<Hostile> cases = {
+      {"bad json", "{\"t\": {\"dtype\": ", 0, "bad JSON", ""},
+      {"not an object", "[1, 2]", 0, "does not start with '{'", ""},
+      {"trailing garbage", "{" + t8 + "} x", 8, "bad JSON", ""},
+      {"unknown dtype", R"({"t": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", 8,
+       "unknown dtype", "t"},
+      {"shape x dtype != range", R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",
+       8, "span", "t"},
+      {"range past buffer", R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4,
+       "past the data buffer", "t"},
+      {"reversed", R"({"t": {"dtype": "U8", "shape": [0], "data_offsets": [8, 0]}})", 8, "reversed",
+       "t"},
+      {"overlap",
+       R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+       12, "overlap", "b"},
+      {"gap", R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8, "gap", "t"},
+      {"buffer not covered", "{" + t8 + "}", 16, "cover 8 of the 16", ""},
+      {"duplicate tensor", "{" + t8 + ", " + t8 + "}", 8, "duplicate tensor", "t"},
+      {"negative dim", R"({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8,
+       "negative", "t"},
+      {"float dim", R"({"t": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}})", 8,
+       "non-integer", "t"},
+      {"missing field", R"({"t": {"dtype": "F32", "shape": [2]}})", 8, "needs dtype", "t"},
+      {"unknown field", R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": 1}})",
+       8, "unknown field", "t"},
+      {"3 offsets", R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 9]}})", 8,
+       "2 numbers", "t"},
+      {"nested", R"({"t": {"dtype": {"a": {"b": 1}}, "shape": [2], "data_offsets": [0, 8]}})", 8,
+       "unexpected object", "t"},
+      {"overflowing shape",
+       R"({"t": {"dtype": "F64", "shape": [4294967296, 4294967296, 4], "data_offsets": [0, 8]}})",
+       8, "overflow", "t"},
+      {"metadata not string", R"({"__metadata__": {"a": 1}})", 0, "unexpected number", ""},
+      {"null", R"({"t": null})", 0, "null", ""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::string p = root + "/hostile.safetensors";
+    ASSERT_TRUE(pool::write_raw_safetensors(p, c.json, std::vector<uint8_t>(c.data_bytes, 0)));
+    std::unique_ptr<SafetensorsFile> f;
+    Status s = SafetensorsFile::open(p, &f);
+    EXPECT_EQ(s.code(), StatusCode::kParseError) << s.to_string();
+    EXPECT_NE(s.message().find(c.expect), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(p), std::string::npos) << s.message();
+    if (*c.tensor) {
+      EXPECT_NE(s.message().find(std::string("\"") + c.tensor + "\""), std::string::npos)
+          << s.message();
+    }
+    EXPECT_EQ(f, nullptr);
+  }
+}
+
+TEST_F(PoolFiles, HostileLengths) {
+  std::string p = root + "/len.safetensors";
+  auto write = [&](uint64_t n, size_t extra) {
+    std::vector<uint8_t> b(8 + extra, '{');
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
+    FILE* f = std::fopen(p.c_str(), "wb");
+    std::fwrite(b.data(), 1, b.size(), f);
+    std::fclose(f);
+  };
+  std::unique_ptr<SafetensorsFile> f;
+  write(100, 10);  // header length past the file
+  Status s = SafetensorsFile::open(p, &f);
+  EXPECT_EQ(s.code(), StatusCode::kParseError);
+  EXPECT_NE(s.message().find("past the end of the file"), std::string::npos) << s.message();
+  write(~0ull, 10);  // huge header: refused before any allocation
+  s = SafetensorsFile::open(p, &f);
+  EXPECT_NE(s.message().find("exceeds the limit"), std::string::npos) << s.message();
+  write(kMaxSafetensorsHeaderBytes + 1, 10);
+  s = SafetensorsFile::open(p, &f);
+  EXPECT_NE(s.message().find("exceeds the limit"), std::string::npos) << s.message();
+  {  // shorter than 8 bytes
+    FILE* fp = std::fopen(p.c_str(), "wb");
+    std::fwrite("abc", 1, 3, fp);
+    std::fclose(fp);
+  }
+  s = SafetensorsFile::open(p, &f);
+  EXPECT_EQ(s.code(), StatusCode::kParseError);
+  EXPECT_NE(s.message().find("shorter than"), std::string::npos);
+  s = SafetensorsFile::open(root + "/does-not-exist", &f);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  // Deep nesting is refused at depth 3, not recursed into.
+  std::string deep =
+      "{\"t\": {\"dtype\": " + std::string(100000, '[') + std::string(100000, ']') + "}}";
+  ASSERT_TRUE(pool::write_raw_safetensors(p, deep, {}));
+  s = SafetensorsFile::open(p, &f);
+  EXPECT_EQ(s.code(), StatusCode::kParseError);
+}
+
+TEST(PoolParse, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = rng();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  rng.seed(seed);
+  const std::string good = pool::st_header_json({{"a", "F32", {2}, std::vector<uint8_t>(8)}});
+  for (int it = 0; it < 2000; ++it) {
+    std::vector<uint8_t> b(8 + good.size() + 8);
+    uint64_t n = good.size();
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
+    std::memcpy(b.data() + 8, good.data(), good.size());
+    int flips = 1 + rng() % 4;
+    for (int k = 0; k < flips; ++k) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    StHeader h;
+    Status s = parse_safetensors(b.data(), b.size(), "rand", &h);
+    if (s.ok()) {
+      for (const auto& t : h.tensors) EXPECT_LE(t.end, b.size() - h.data_offset);
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kParseError);
+    }
+  }
+}
+
+// ---- conversion -----------------------------------------------------------------------------
+
+TEST(PoolConvert, HalfRoundTripsAndRoundsToNearestEven) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = pool::half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(pool::float_to_half(f), h) << h;
+  }
+  EXPECT_EQ(pool::float_to_half(65520.f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(pool::float_to_half(65519.f), 0x7bff);
+  EXPECT_EQ(pool::float_to_half(std::ldexp(1.f, -25)), 0);  // tie → even (0)
+  EXPECT_EQ(pool::float_to_half(std::ldexp(1.5f, -25)), 1);
+  EXPECT_EQ(pool::float_to_half(1.0f + std::ldexp(1.f, -11)), 0x3c00);  // tie → even
+  EXPECT_EQ(pool::float_to_half(1.0f + 3 * std::ldexp(1.f, -11)), 0x3c02);
+  EXPECT_TRUE(std::isnan(pool::half_to_float(pool::float_to_half(NAN))));
+}
+
+TEST(PoolConvert, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(pool::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(pool::float_to_bf16(1.0f + std::ldexp(1.f, -8)), 0x3f80);      // tie → even
+  EXPECT_EQ(pool::float_to_bf16(1.0f + 3 * std::ldexp(1.f, -8)), 0x3f82);  // tie → even (up)
+  EXPECT_TRUE(std::isnan(pool::bf16_to_float(pool::float_to_bf16(NAN))));
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = pool::bf16_to_float(static_cast<uint16_t>(h));
+    if (!std::isnan(f)) {
+      ASSERT_EQ(pool::float_to_bf16(f), h);
+    }
+  }
+}
+
+// ---- PEFT loading ---------------------------------------------------------------------------
+
+struct LoadCase {
+  const char* src;
+  DType dst;
+  bool fused;
+};
+
+class PoolLoad : public PoolFiles, public ::testing::WithParamInterface<LoadCase> {};
+
+TEST_P(PoolLoad, SlotHoldsTheAdapterExactly) {
+  Model m;
+  Spec s;
+  s.dtype = GetParam().src;
+  s.fused = GetParam().fused;
+  s.seed = 3;
+  s.attention = true;
+  std::string dir = pooltest::write_adapter(root, "a", m, s);
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 2, GetParam().dst), &pool).ok());
+  int32_t id = -1;
+  Status st = pool->load("a", dir, &id);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  AdapterInfo info;
+  ASSERT_TRUE(pool->info(id, &info).ok());
+  EXPECT_EQ(info.ignored_tensors, 1);
+  EXPECT_EQ(info.max_rank, 4);
+  int32_t ids[3] = {-1, id, -1}, slots[3] = {7, 7, 7};
+  ASSERT_TRUE(pool->prepare(ids, 3, slots).ok());
+  EXPECT_EQ(slots[0], -1);
+  EXPECT_EQ(slots[2], -1);
+  ASSERT_GE(slots[1], 0);
+  pooltest::expect_slot(*pool, m, slots[1], s);
+  PoolLayerTensors t;
+  ASSERT_TRUE(pool->layer_tensors(1, &t).ok());
+  for (int mod = 0; mod < 3; ++mod) {
+    EXPECT_EQ(t.rank[mod * 2 + slots[1]], 4);
+    EXPECT_EQ(t.rank[mod * 2 + (1 - slots[1])], 0);  // the empty slot
+    EXPECT_FLOAT_EQ(t.scale[mod * 2 + slots[1]], 2.0f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, PoolLoad,
+    ::testing::Values(LoadCase{"F32", DType::kF32, false}, LoadCase{"F32", DType::kBF16, false},
+                      LoadCase{"BF16", DType::kBF16, false}, LoadCase{"F16", DType::kF16, false},
+                      LoadCase{"F16", DType::kF32, true}, LoadCase{"BF16", DType::kF16, true}));
+
+TEST_F(PoolFiles, MissingModulesAndExpertsAreZeroWithRankZero) {
+  Model m;
+  Spec s;
+  s.down = false;
+  s.experts = 2;
+  std::string dir = pooltest::write_adapter(root, "a", m, s);
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 1, DType::kF32), &pool).ok());
+  int32_t id, slot;
+  ASSERT_TRUE(pool->load("a", dir, &id).ok());
+  ASSERT_TRUE(pool->prepare(&id, 1, &slot).ok());
+  pooltest::expect_slot(*pool, m, slot, s);
+  PoolLayerTensors t;
+  ASSERT_TRUE(pool->layer_tensors(0, &t).ok());
+  EXPECT_EQ(t.rank[kPoolGate], 4);
+  EXPECT_EQ(t.rank[kPoolDown], 0);
+}
+
+TEST_F(PoolFiles, ScalesRsloraAndPatterns) {
+  Model m;
+  m.r_max = 16;
+  Spec s;
+  s.r = 4;
+  s.alpha = 16;
+  s.rslora = true;
+  std::string dir = pooltest::write_adapter(root, "rs", m, s);
+  // rank_pattern / alpha_pattern: down_proj of layer 1 has rank 8 and alpha 4.
+  Spec p;
+  p.alpha = 8;
+  p.extra_config = R"(, "rank_pattern": {"layers.1.mlp.experts.\\d+.down_proj": 8},
+                      "alpha_pattern": {"down_proj": 4})";
+  auto ts = pooltest::adapter_tensors(m, p);
+  for (auto& t : ts)
+    if (t.name.find("layers.1.") != std::string::npos &&
+        t.name.find("down_proj") != std::string::npos) {
+      bool a = t.name.find("lora_A") != std::string::npos;
+      int e = t.name[t.name.find("experts.") + 8] - '0';
+      t = pooltest::make_tensor(t.name, "F32", a ? 8 : m.H, a ? m.I : 8, 0, 1, 2, e, a ? 0 : 1);
+    }
+  std::string pdir = pooltest::write_adapter(root, "pat", m, p, &ts);
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 2, DType::kF32), &pool).ok());
+  int32_t ids[2], slots[2];
+  ASSERT_TRUE(pool->load("rs", dir, &ids[0]).ok());
+  Status st = pool->load("pat", pdir, &ids[1]);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE(pool->prepare(ids, 2, slots).ok());
+  PoolLayerTensors t0, t1;
+  ASSERT_TRUE(pool->layer_tensors(0, &t0).ok());
+  ASSERT_TRUE(pool->layer_tensors(1, &t1).ok());
+  EXPECT_FLOAT_EQ(t0.scale[kPoolGate * 2 + slots[0]], 16.0f / 2.0f);  // alpha / sqrt(4)
+  EXPECT_FLOAT_EQ(t0.scale[kPoolGate * 2 + slots[1]], 8.0f / 4.0f);
+  EXPECT_FLOAT_EQ(t0.scale[kPoolDown * 2 + slots[1]], 4.0f / 4.0f);  // alpha_pattern
+  EXPECT_EQ(t0.rank[kPoolDown * 2 + slots[1]], 4);
+  EXPECT_EQ(t1.rank[kPoolDown * 2 + slots[1]], 8);  // rank_pattern
+  EXPECT_FLOAT_EQ(t1.scale[kPoolDown * 2 + slots[1]], 4.0f / 8.0f);
+}
+
+struct BadAdapter {
+  const char* what;
+  StatusCode code;
+  const char* expect;
+};
+
+TEST_F(PoolFiles, BrokenAdaptersAreRejectedAndThePoolIsUnchanged) {
+  Model m;
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 2, DType::kBF16), &pool).ok());
+  Spec good;
+  int32_t gid, slot;
+  ASSERT_TRUE(pool->load("good", pooltest::write_adapter(root, "good", m, good), &gid).ok());
+  ASSERT_TRUE(pool->prepare(&gid, 1, &slot).ok());
+  const PoolStats before = pool->stats();
+
+  auto base = [&] { return pooltest::adapter_tensors(m, good); };
+  auto find = [](std::vector<pool::StWriteTensor>& ts,
+                 const std::string& sub) -> pool::StWriteTensor& {
+    for (auto& t : ts)
+      if (t.name.find(sub) != std::string::npos) return t;
+    static pool::StWriteTensor none;
+    return none;
+  };
+  const std::string a000 = "layers.0.mlp.experts.0.gate_proj.lora_A";
+  const std::string b000 = "layers.0.mlp.experts.0.gate_proj.lora_B";
+  int n = 0;
+  auto check = [&](const char* what, std::vector<pool::StWriteTensor> ts, StatusCode code,
+                   const char* expect, const std::string& tensor, Spec spec = Spec()) {
+    SCOPED_TRACE(what);
+    std::string name = "bad" + std::to_string(n++);
+    std::string dir = pooltest::write_adapter(root, name, m, spec, &ts);
+    int32_t id = -1;
+    Status s = pool->load(name, dir, &id);
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(dir), std::string::npos) << s.message();
+    if (!tensor.empty()) {
+      EXPECT_NE(s.message().find(tensor), std::string::npos) << s.message();
+    }
+    EXPECT_EQ(id, -1);
+    PoolStats now = pool->stats();
+    EXPECT_EQ(now.adapters, before.adapters);
+    EXPECT_EQ(now.host_image_bytes, before.host_image_bytes);
+    int32_t f;
+    EXPECT_EQ(pool->find(name, &f).code(), StatusCode::kNotFound);
+  };
+  {
+    auto ts = base();
+    ts.erase(std::remove_if(ts.begin(), ts.end(),
+                            [&](auto& t) { return t.name.find(b000) != std::string::npos; }),
+             ts.end());
+    check("missing B", ts, StatusCode::kParseError, "lora_A without its lora_B", a000);
+  }
+  {
+    auto ts = base();
+    ts.erase(std::remove_if(ts.begin(), ts.end(),
+                            [&](auto& t) { return t.name.find(a000) != std::string::npos; }),
+             ts.end());
+    check("missing A", ts, StatusCode::kParseError, "lora_B without its lora_A", b000);
+  }
+  {
+    auto ts = base();
+    auto& b = find(ts, b000);
+    b = pooltest::make_tensor(b.name, "F32", m.I, 3, 0, 0, 0, 0, 1);
+    check("A/B rank mismatch", ts, StatusCode::kParseError, "has rank 4 but", b000);
+  }
+  {
+    Spec big;
+    big.r = 9;  // r_max is 8
+    check("rank over r_max", pooltest::adapter_tensors(m, big), StatusCode::kOutOfRange,
+          "exceeds the pool's r_max 8", "lora_A", big);
+  }
+  {
+    auto ts = base();
+    auto& a = find(ts, a000);
+    a = pooltest::make_tensor(a.name, "F32", 4, m.H + 1, 0, 0, 0, 0, 0);
+    check("A shape", ts, StatusCode::kInvalidArgument, "does not match the model", a000);
+  }
+  {
+    auto ts = base();
+    auto& b = find(ts, b000);
+    b = pooltest::make_tensor(b.name, "F32", m.I * 2, 4, 0, 0, 0, 0, 1);
+    check("B shape", ts, StatusCode::kInvalidArgument, "does not match the model", b000);
+  }
+  {
+    Model big = m;
+    big.L = 3;
+    check("layer past the model", pooltest::adapter_tensors(big, good),
+          StatusCode::kInvalidArgument, "past the model's 2 layers", "layers.2.");
+  }
+  {
+    Model big = m;
+    big.E = 4;
+    check("expert past the model", pooltest::adapter_tensors(big, good),
+          StatusCode::kInvalidArgument, "past the model's 3 experts", "experts.3.");
+  }
+  {
+    auto ts = base();
+    auto& a = find(ts, a000);
+    a.dtype = "I32";
+    check("integer dtype", ts, StatusCode::kParseError, "not supported", a000);
+  }
+  {
+    Spec cfg;
+    cfg.r = 8;  // the file's tensors have rank 4
+    check("config rank disagrees", base(), StatusCode::kParseError, "adapter_config.json gives 8",
+          a000, cfg);
+  }
+  {
+    Spec dora;
+    dora.extra_config = ", \"use_dora\": true";
+    check("DoRA", base(), StatusCode::kParseError, "DoRA", "", dora);
+  }
+  {
+    auto ts = base();
+    auto extra = find(ts, a000);
+    extra.name = "base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.default.weight";
+    ts.push_back(extra);
+    check("duplicate A", ts, StatusCode::kParseError, "duplicate lora_A", "lora_A.default");
+  }
+  {
+    auto ts = base();
+    ts.push_back(pooltest::make_tensor(
+        "base_model.model.model.layers.0.mlp.experts.0.gate_up_proj.lora_A.weight", "F32", 4, m.H,
+        0, 0, 3, 0, 0));
+    ts.push_back(pooltest::make_tensor(
+        "base_model.model.model.layers.0.mlp.experts.0.gate_up_proj.lora_B.weight", "F32", 2 * m.I,
+        4, 0, 0, 3, 0, 1));
+    check("fused and separate", ts, StatusCode::kParseError, "both gate_up_proj and",
+          "gate_up_proj");
+  }
+  {
+    std::vector<pool::StWriteTensor> none = {
+        pooltest::make_tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                              "F32", 4, m.H, 0, 0, 0, 0, 0)};
+    check("no expert tensors", none, StatusCode::kParseError, "no routed-expert LoRA", "");
+  }
+  {  // a broken safetensors file surfaces the reader's error
+    std::string dir = root + "/hostile";
+    ::mkdir(dir.c_str(), 0755);
+    pooltest::write_config(dir, good);
+    ASSERT_TRUE(pool::write_raw_safetensors(dir + "/adapter_model.safetensors", "{\"x\": 1}", {}));
+    int32_t id;
+    Status s = pool->load("hostile", dir, &id);
+    EXPECT_EQ(s.code(), StatusCode::kParseError);
+    EXPECT_NE(s.message().find("adapter_model.safetensors"), std::string::npos);
+  }
+  {  // bad adapter_config.json
+    std::string dir = root + "/badcfg";
+    ::mkdir(dir.c_str(), 0755);
+    std::ofstream(dir + "/adapter_config.json") << "{\"r\": \"four\"}";
+    int32_t id;
+    Status s = pool->load("badcfg", dir, &id);
+    EXPECT_EQ(s.code(), StatusCode::kParseError);
+    EXPECT_NE(s.message().find("adapter_config.json"), std::string::npos);
+  }
+  int32_t id;
+  EXPECT_EQ(pool->load("missing", root + "/nothing-here", &id).code(), StatusCode::kIoError);
+  EXPECT_EQ(pool->load("good", root + "/good", &id).code(), StatusCode::kInvalidArgument);
+  // The good adapter is still resident and intact.
+  pooltest::expect_slot(*pool, m, slot, good);
+  EXPECT_EQ(pool->stats().uploads, before.uploads);
+}
+
+// ---- slot policy ----------------------------------------------------------------------------
+
+class PoolPolicy : public PoolFiles {
+ protected:
+  void SetUp() override {
+    PoolFiles::SetUp();
+    m.L = 1;
+    m.E = 2;
+    m.H = 8;
+    m.I = 8;
+    ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 3, DType::kF32), &pool).ok());
+    for (int i = 0; i < 6; ++i) {
+      Spec s;
+      s.seed = i;
+      specs.push_back(s);
+      std::string name = "ad" + std::to_string(i);
+      int32_t id;
+      ASSERT_TRUE(pool->load(name, pooltest::write_adapter(root, name, m, s), &id).ok());
+      ids.push_back(id);
+    }
+  }
+  std::vector<int32_t> run(std::vector<int32_t> batch, Status* s = nullptr) {
+    std::vector<int32_t> out(batch.size(), 99);
+    Status st = pool->prepare(batch.data(), static_cast<int64_t>(batch.size()), out.data());
+    if (s)
+      *s = st;
+    else
+      EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  }
+  Model m;
+  std::unique_ptr<AdapterPool> pool;
+  std::vector<Spec> specs;
+  std::vector<int32_t> ids;
+};
+
+TEST_F(PoolPolicy, BaseTokensTakeNoSlot) {
+  auto out = run({-1, -1, -1, -1});
+  EXPECT_EQ(out, (std::vector<int32_t>{-1, -1, -1, -1}));
+  EXPECT_EQ(pool->stats().resident, 0);
+  out = run({});
+  EXPECT_EQ(pool->stats().uploads, 0);
+}
+
+TEST_F(PoolPolicy, FillsFreeSlotsThenEvictsLeastRecentlyUsed) {
+  auto out = run({ids[0], -1, ids[1], ids[0], ids[2]});
+  EXPECT_EQ(out, (std::vector<int32_t>{0, -1, 1, 0, 2}));
+  run({ids[1]});
+  run({ids[0]});
+  // LRU order now: 2 (oldest), 1, 0 → ad3 takes ad2's slot 2.
+  out = run({ids[3]});
+  EXPECT_EQ(out[0], 2);
+  EXPECT_EQ(pool->slot_adapter(2), ids[3]);
+  out = run({ids[4], ids[0]});  // victim: ad1 (slot 1)
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 0}));
+  PoolStats st = pool->stats();
+  EXPECT_EQ(st.evictions, 2);
+  EXPECT_EQ(st.uploads, 5);
+  for (int s = 0; s < 3; ++s) {
+    int id = pool->slot_adapter(s);
+    pooltest::expect_slot(*pool, m, s, specs[id]);
+  }
+}
+
+TEST_F(PoolPolicy, LimitCountsOnlyRealAdaptersAndTooManyLeavesThePoolUnchanged) {
+  // 3 slots: 3 distinct adapters plus base tokens fit.
+  auto out = run({-1, ids[0], -1, ids[1], ids[2], -1});
+  EXPECT_EQ(pool->stats().resident, 3);
+  Status s;
+  out = run({ids[3], ids[4], ids[5], ids[0]}, &s);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("4 distinct adapters"), std::string::npos) << s.message();
+  EXPECT_EQ(out, (std::vector<int32_t>{99, 99, 99, 99}));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(pool->slot_adapter(i), ids[i]);
+  EXPECT_EQ(pool->stats().rejected, 1);
+  out = run({ids[0], 77}, &s);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("adapter_ids[1] = 77"), std::string::npos);
+  out = run({-2}, &s);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+}
+
+TEST_F(PoolPolicy, PinnedAdaptersAreNeverEvicted) {
+  run({ids[0], ids[1], ids[2]});
+  ASSERT_TRUE(pool->pin(ids[0]).ok());
+  ASSERT_TRUE(pool->pin(ids[1]).ok());
+  auto out = run({ids[3]});  // only ad2 is evictable
+  EXPECT_EQ(out[0], 2);
+  Status s;
+  out = run({ids[4], ids[5]}, &s);  // needs 2 slots, 1 evictable (ad3)
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("2 adapters pinned"), std::string::npos) << s.message();
+  EXPECT_EQ(pool->slot_adapter(2), ids[3]);
+  EXPECT_EQ(pool->unload(ids[0]).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool->unpin(ids[0]).ok());
+  out = run({ids[4], ids[5]});  // now ad0 (LRU among unpinned... ad0 older than ad3) and ad3 go
+  EXPECT_EQ(pool->slot_adapter(1), ids[1]);
+  EXPECT_EQ(pool->stats().pinned, 1);
+  ASSERT_TRUE(pool->unload(ids[4]).ok());
+  EXPECT_EQ(pool->stats().resident, 2);
+  EXPECT_EQ(pool->prepare(&ids[4], 1, &out[0]).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace molora
