@@ -1,0 +1,120 @@
+"""MoE multi-LoRA shrink and expand over virtual experts (v = slot * E + expert).
+
+Shapes (N and K named explicitly; never swapped):
+
+* ``x`` [T, K] input rows, ``A`` [S, E, r_max, K] shrink weights, ``t`` [T*k, r_max]
+* ``B`` [S, E, N, r_max] expand weights, ``y`` [T*k, N] updated in place
+* ``ranks`` int32 [S] (``r_s <= r_max``), ``scales`` float32 [S]
+* routing, one of: ``topk_ids`` int32 [T, k] with ``slot_ids`` int32 [T] (slot -1 = no
+  adapter), or the aligned layout of ``moe_align_block_size`` over the S*E virtual experts
+  (``sorted_token_ids``, ``expert_ids``, ``num_tokens_post_pad``, ``block_size``, ``top_k``).
+
+numpy arrays (and CPU torch tensors) run the fp64 CPU reference; CUDA tensors run the kernels
+on ``stream`` (default: torch's current stream). Pairs with slot -1 are left untouched.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import _molora
+from ._arrays import empty_like_framework, framework, is_cuda, stream_handle
+
+__all__ = ["lora_shrink", "lora_expand", "lora_plan"]
+
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "bf16": "bf16",
+                "f16": "f16", "f32": "f32", "fp16": "f16", "half": "f16"}
+
+
+def _dtype_str(a: Any) -> str:
+    return str(a.dtype).replace("torch.", "")
+
+
+def _full(ref: Any, n: int, value, dtype: str) -> Any:
+    """A 1-D array of `n` copies of `value` with ref's framework and device."""
+    out = empty_like_framework(ref, (n,), dtype)
+    if framework(ref) == "torch":
+        out.fill_(value)
+    else:
+        out[...] = value
+    return out
+
+
+def _zeros(ref: Any, shape: tuple, dtype: str) -> Any:
+    out = empty_like_framework(ref, shape, dtype)
+    if framework(ref) == "torch":
+        out.zero_()
+    else:
+        out[...] = 0
+    return out
+
+
+def lora_shrink(x, A, topk_ids=None, slot_ids=None, *, ranks=None, sorted_token_ids=None,
+                expert_ids=None, num_tokens_post_pad=None, block_size: int = 0,
+                top_k: int = 0, out=None, stream=None):
+    """``t[p, :r_s] = A[s, e, :r_s, :] @ x[token(p), :]`` for every pair with slot ``s >= 0``.
+
+    Returns ``t`` [T*k, r_max] (``out`` if given; a fresh zero-filled array otherwise). Rows of
+    pairs without an adapter and columns past ``r_s`` are not written. ``ranks`` defaults to
+    ``r_max`` for every slot.
+    """
+    S, _, r_max, _ = A.shape
+    T = x.shape[0]
+    k = topk_ids.shape[1] if topk_ids is not None else top_k
+    if ranks is None:
+        ranks = _full(A, S, r_max, "int32")
+    if out is None:
+        out = _zeros(x, (T * k, r_max), _dtype_str(x))
+    _molora.lora_shrink(x, A, ranks, topk_ids, slot_ids, sorted_token_ids, expert_ids,
+                        num_tokens_post_pad, int(block_size), int(top_k), out,
+                        stream_handle(stream, x) if is_cuda(x) else 0)
+    return out
+
+
+def lora_expand(t, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scales=None,
+                sorted_token_ids=None, expert_ids=None, num_tokens_post_pad=None,
+                block_size: int = 0, top_k: int = 0, stream=None):
+    """``y[p, :] += scale_s * B[s, e, :, :r_s] @ t[p, :r_s]`` in place for every pair with slot
+    ``s >= 0``; returns ``y``. fp32 accumulation, stored in y's dtype. ``ranks`` defaults to
+    ``r_max``, ``scales`` to 1."""
+    S = B.shape[0]
+    r_max = B.shape[3]
+    if ranks is None:
+        ranks = _full(B, S, r_max, "int32")
+    if scales is None:
+        scales = _full(B, S, 1.0, "float32")
+    _molora.lora_expand(t, B, ranks, scales, topk_ids, slot_ids, sorted_token_ids, expert_ids,
+                        num_tokens_post_pad, int(block_size), int(top_k), y,
+                        stream_handle(stream, t) if is_cuda(t) else 0)
+    return y
+
+
+def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_slots: int,
+              num_experts: int, r_max: int, K: int = 0, N: int = 0, routing: str = "plain",
+              block_size: int = 0, sorted_len: int | None = None, stats: dict | None = None,
+              bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
+              tile: int = 0, ctas_per_sm: int = 0) -> dict:
+    """The plan the kernels would use for one call: ``variant``, ``source`` ("heuristic" or
+    "tuned:<file>"), ``tile`` (shrink: rank rows, expand: N columns per work item), ``chunks``,
+    ``groups``, ``max_items``, ``grid``/``ctas``, ``threads``, ``smem_bytes``, ``bytes`` that
+    must move (exact when ``stats`` gives active_pairs, active_tokens, distinct_pairs,
+    distinct_rank8, active_rank8) and ``floor_us`` at ``bandwidth_gbps`` (default 4300).
+
+    Shrink takes ``K`` (input features), expand takes ``N`` (output features)."""
+    if op not in ("shrink", "expand"):
+        raise ValueError(f"op must be 'shrink' or 'expand', got {op!r}")
+    dt = _DTYPE_NAMES.get(str(dtype).replace("torch.", ""))
+    if dt is None:
+        raise TypeError(f"dtype must be bf16, f16 or f32, got {dtype!r}")
+    if sorted_len is None:
+        sorted_len = (num_tokens * top_k + num_slots * num_experts * (block_size - 1)
+                      if routing == "aligned" else 0)
+    s = stats or {}
+    doc = _molora.lora_plan(op, dt, int(num_tokens), int(top_k), int(num_slots),
+                            int(num_experts), int(r_max), int(K), int(N), routing,
+                            int(block_size), int(sorted_len), int(s.get("active_pairs", -1)),
+                            int(s.get("active_tokens", -1)), int(s.get("distinct_pairs", -1)),
+                            int(s.get("distinct_rank8", -1)), int(s.get("active_rank8", -1)),
+                            float(bandwidth_gbps), int(sm_count), config_path, int(tile),
+                            int(ctas_per_sm))
+    return json.loads(doc)

@@ -1,0 +1,236 @@
+// lora bindings: lora_plan, lora_shrink, lora_expand. Validation and conversion only; CPU arrays
+// run the reference, CUDA arrays the kernels.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <optional>
+#include <string>
+
+#include "binding.h"
+#include "molora/lora.h"
+
+namespace molora::py {
+namespace {
+
+using lora::Op;
+using lora::RoutingKind;
+using Opt = std::optional<nb::ndarray<>>;
+
+Op parse_op(const std::string& s) {
+  if (s == "shrink") return Op::kShrink;
+  if (s == "expand") return Op::kExpand;
+  throw nb::value_error(("op must be 'shrink' or 'expand', got '" + s + "'").c_str());
+}
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  if (s == "f16" || s == "float16") return DType::kF16;
+  if (s == "f32" || s == "float32") return DType::kF32;
+  throw nb::type_error(("dtype must be bf16, f16 or f32, got '" + s + "'").c_str());
+}
+
+void need_i32(const nb::ndarray<>& a, const char* name, int ndim) {
+  check_array(a, name, {DType::kI32}, ndim);
+}
+
+// Routing arrays: checks and fills Problem routing fields and the Routing pointers.
+void routing_of(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& ref, const char* refn,
+                const Opt& topk, const Opt& slot, const Opt& sorted, const Opt& eids,
+                const Opt& ntpp, int block_size, int top_k) {
+  const bool plain = topk.has_value() || slot.has_value();
+  const bool aligned = sorted.has_value() || eids.has_value() || ntpp.has_value();
+  if (plain == aligned)
+    throw nb::value_error(
+        "pass either topk_ids and slot_ids (plain) or sorted_token_ids, expert_ids and "
+        "num_tokens_post_pad (aligned)");
+  if (plain) {
+    if (!topk || !slot) throw nb::value_error("plain routing needs both topk_ids and slot_ids");
+    need_i32(*topk, "topk_ids", 2);
+    need_i32(*slot, "slot_ids", 1);
+    check_same_device(ref, refn, *topk, "topk_ids");
+    check_same_device(ref, refn, *slot, "slot_ids");
+    check_dim(*topk, "topk_ids", 0, pb.num_tokens, "num_tokens");
+    check_dim(*slot, "slot_ids", 0, pb.num_tokens, "num_tokens");
+    pb.top_k = static_cast<int>(topk->shape(1));
+    if (top_k > 0 && top_k != pb.top_k)
+      throw nb::value_error("top_k does not match topk_ids.shape[1]");
+    pb.routing = RoutingKind::kPlain;
+    rt.topk_ids = static_cast<const int32_t*>(topk->data());
+    rt.slot_ids = static_cast<const int32_t*>(slot->data());
+    return;
+  }
+  if (!sorted || !eids || !ntpp)
+    throw nb::value_error(
+        "aligned routing needs sorted_token_ids, expert_ids and num_tokens_post_pad");
+  if (block_size <= 0) throw nb::value_error("block_size is required for aligned routing");
+  if (top_k <= 0) throw nb::value_error("top_k is required for aligned routing");
+  need_i32(*sorted, "sorted_token_ids", 1);
+  need_i32(*eids, "expert_ids", 1);
+  need_i32(*ntpp, "num_tokens_post_pad", 1);
+  check_same_device(ref, refn, *sorted, "sorted_token_ids");
+  check_same_device(ref, refn, *eids, "expert_ids");
+  check_same_device(ref, refn, *ntpp, "num_tokens_post_pad");
+  pb.routing = RoutingKind::kAligned;
+  pb.top_k = top_k;
+  pb.block_size = block_size;
+  pb.sorted_len = static_cast<int64_t>(sorted->shape(0));
+  check_dim(*eids, "expert_ids", 0, cdiv(pb.sorted_len, block_size),
+            "cdiv(len(sorted_token_ids), block_size)");
+  check_dim(*ntpp, "num_tokens_post_pad", 0, 1, "one value");
+  rt.sorted_token_ids = static_cast<const int32_t*>(sorted->data());
+  rt.expert_ids = static_cast<const int32_t*>(eids->data());
+  rt.num_tokens_post_pad = static_cast<const int32_t*>(ntpp->data());
+}
+
+void check_dtype_same(DType want, const nb::ndarray<>& a, const char* name, const char* refn) {
+  DType d = dtype_of(a, name);
+  if (d != want)
+    throw nb::type_error((std::string(name) + " must have the dtype of " + refn + " (" +
+                          dtype_name(want) + "), got " + dtype_name(d))
+                             .c_str());
+}
+
+Binder bind_lora([](nb::module_& m) {
+  m.def(
+      "lora_plan",
+      [](const std::string& op, const std::string& dtype, int64_t num_tokens, int top_k,
+         int num_slots, int num_experts, int r_max, int64_t K, int64_t N,
+         const std::string& routing, int block_size, int64_t sorted_len, int64_t active_pairs,
+         int64_t active_tokens, int64_t distinct_pairs, int64_t distinct_rank8,
+         int64_t active_rank8, double bandwidth_gbps, int sm_count, const std::string& config,
+         int force_tile, int force_ctas_per_sm) {
+        lora::Problem pb;
+        pb.op = parse_op(op);
+        pb.dtype = parse_dtype(dtype);
+        pb.num_tokens = num_tokens;
+        pb.top_k = top_k;
+        pb.num_slots = num_slots;
+        pb.num_experts = num_experts;
+        pb.r_max = r_max;
+        pb.K = K;
+        pb.N = N;
+        if (routing != "plain" && routing != "aligned")
+          throw nb::value_error("routing must be 'plain' or 'aligned'");
+        pb.routing = routing == "plain" ? RoutingKind::kPlain : RoutingKind::kAligned;
+        pb.block_size = block_size;
+        pb.sorted_len = sorted_len;
+        lora::RoutingStats st{active_pairs, active_tokens, distinct_pairs, distinct_rank8,
+                              active_rank8};
+        lora::PlanOptions o;
+        if (distinct_rank8 >= 0) o.stats = &st;
+        o.bandwidth_gbps = bandwidth_gbps;
+        o.sm_count = sm_count;
+        o.config_path = config;
+        o.force_tile = force_tile;
+        o.force_ctas_per_sm = force_ctas_per_sm;
+        lora::Plan pl;
+        throw_if_error(lora::plan(pb, &pl, o));
+        return pl.to_json();
+      },
+      nb::arg("op"), nb::arg("dtype"), nb::arg("num_tokens"), nb::arg("top_k"),
+      nb::arg("num_slots"), nb::arg("num_experts"), nb::arg("r_max"), nb::arg("K"), nb::arg("N"),
+      nb::arg("routing"), nb::arg("block_size"), nb::arg("sorted_len"), nb::arg("active_pairs"),
+      nb::arg("active_tokens"), nb::arg("distinct_pairs"), nb::arg("distinct_rank8"),
+      nb::arg("active_rank8"), nb::arg("bandwidth_gbps"), nb::arg("sm_count"),
+      nb::arg("config_path"), nb::arg("force_tile"), nb::arg("force_ctas_per_sm"),
+      "Plan of one lora call as JSON (see molora.lora_plan).");
+
+  m.def(
+      "lora_shrink",
+      [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> ranks, Opt topk, Opt slot, Opt sorted,
+         Opt eids, Opt ntpp, int block_size, int top_k, nb::ndarray<> t, uintptr_t stream) {
+        DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+        check_array(A, "A", {dt}, 4);
+        check_array(t, "t", {dt}, 2);
+        check_dtype_same(dt, A, "A", "x");
+        check_dtype_same(dt, t, "t", "x");
+        need_i32(ranks, "ranks", 1);
+        check_same_device(x, "x", A, "A");
+        check_same_device(x, "x", t, "t");
+        check_same_device(x, "x", ranks, "ranks");
+        lora::Problem pb;
+        pb.op = Op::kShrink;
+        pb.dtype = dt;
+        pb.num_tokens = static_cast<int64_t>(x.shape(0));
+        pb.K = static_cast<int64_t>(x.shape(1));
+        pb.num_slots = static_cast<int>(A.shape(0));
+        pb.num_experts = static_cast<int>(A.shape(1));
+        pb.r_max = static_cast<int>(A.shape(2));
+        check_dim(A, "A", 3, pb.K, "K = x.shape[1]");
+        check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = A.shape[0]");
+        lora::Routing rt;
+        routing_of(pb, rt, x, "x", topk, slot, sorted, eids, ntpp, block_size, top_k);
+        check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+        check_dim(t, "t", 1, pb.r_max, "r_max = A.shape[2]");
+        const int32_t* rk = static_cast<const int32_t*>(ranks.data());
+        if (is_cuda(x, "x")) {
+          throw_if_error(
+              lora::shrink(pb, nullptr, x.data(), A.data(), rk, rt, t.data(), as_stream(stream)));
+        } else {
+          nb::gil_scoped_release nogil;
+          throw_if_error(lora::shrink_cpu(pb, x.data(), A.data(), rk, rt, t.data()));
+        }
+      },
+      nb::arg("x"), nb::arg("A"), nb::arg("ranks"), nb::arg("topk_ids").none(),
+      nb::arg("slot_ids").none(), nb::arg("sorted_token_ids").none(), nb::arg("expert_ids").none(),
+      nb::arg("num_tokens_post_pad").none(), nb::arg("block_size"), nb::arg("top_k"), nb::arg("t"),
+      nb::arg("stream"), "t[p, :r_s] = A[s, e, :r_s] @ x[token(p)] (see molora.lora_shrink).");
+
+  m.def(
+      "lora_expand",
+      [](nb::ndarray<> t, nb::ndarray<> B, nb::ndarray<> ranks, nb::ndarray<> scales, Opt topk,
+         Opt slot, Opt sorted, Opt eids, Opt ntpp, int block_size, int top_k, nb::ndarray<> y,
+         uintptr_t stream) {
+        DType dt = check_array(t, "t", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+        check_array(B, "B", {dt}, 4);
+        check_array(y, "y", {dt}, 2);
+        check_dtype_same(dt, B, "B", "t");
+        check_dtype_same(dt, y, "y", "t");
+        need_i32(ranks, "ranks", 1);
+        check_array(scales, "scales", {DType::kF32}, 1);
+        check_same_device(t, "t", B, "B");
+        check_same_device(t, "t", y, "y");
+        check_same_device(t, "t", ranks, "ranks");
+        check_same_device(t, "t", scales, "scales");
+        lora::Problem pb;
+        pb.op = Op::kExpand;
+        pb.dtype = dt;
+        pb.num_slots = static_cast<int>(B.shape(0));
+        pb.num_experts = static_cast<int>(B.shape(1));
+        pb.N = static_cast<int64_t>(B.shape(2));
+        pb.r_max = static_cast<int>(B.shape(3));
+        check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = B.shape[0]");
+        check_dim(scales, "scales", 0, pb.num_slots, "num_slots = B.shape[0]");
+        check_dim(t, "t", 1, pb.r_max, "r_max = B.shape[3]");
+        // T from the routing: topk_ids rows (plain) or t rows / top_k (aligned).
+        if (topk) {
+          pb.num_tokens = static_cast<int64_t>(topk->shape(0));
+        } else {
+          if (top_k <= 0) throw nb::value_error("top_k is required for aligned routing");
+          if (t.shape(0) % top_k != 0)
+            throw nb::value_error("t.shape[0] must be a multiple of top_k");
+          pb.num_tokens = static_cast<int64_t>(t.shape(0)) / top_k;
+        }
+        lora::Routing rt;
+        routing_of(pb, rt, t, "t", topk, slot, sorted, eids, ntpp, block_size, top_k);
+        check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+        check_dim(y, "y", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+        check_dim(y, "y", 1, pb.N, "N = B.shape[2]");
+        const int32_t* rk = static_cast<const int32_t*>(ranks.data());
+        const float* sc = static_cast<const float*>(scales.data());
+        if (is_cuda(t, "t")) {
+          throw_if_error(lora::expand(pb, nullptr, t.data(), B.data(), rk, sc, rt, y.data(),
+                                      as_stream(stream)));
+        } else {
+          nb::gil_scoped_release nogil;
+          throw_if_error(lora::expand_cpu(pb, t.data(), B.data(), rk, sc, rt, y.data()));
+        }
+      },
+      nb::arg("t"), nb::arg("B"), nb::arg("ranks"), nb::arg("scales"), nb::arg("topk_ids").none(),
+      nb::arg("slot_ids").none(), nb::arg("sorted_token_ids").none(), nb::arg("expert_ids").none(),
+      nb::arg("num_tokens_post_pad").none(), nb::arg("block_size"), nb::arg("top_k"), nb::arg("y"),
+      nb::arg("stream"),
+      "y[p] += scale_s * B[s, e, :, :r_s] @ t[p, :r_s] in place (see molora.lora_expand).");
+});
+
+}  // namespace
+}  // namespace molora::py

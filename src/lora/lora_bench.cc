@@ -1,0 +1,432 @@
+// lora benchmark harness (see lora_bench.h).
+#include "lora/lora_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "core/cuda_util.h"
+#include "lora/lora_internal.h"
+
+namespace molora::lora::bench {
+
+std::vector<Shape> seed_shapes() {
+  return {{"N6144_r32_V160x8", 6144, 32, 160, 8},
+          {"N2048_r16_V128x8", 2048, 16, 128, 8},
+          {"N7168_r32_V256x4", 7168, 32, 256, 4},
+          {"N4096_r32_V128x8", 4096, 32, 128, 8}};
+}
+
+std::string gpu_name() {
+#if MOLORA_HAVE_CUDA
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+    return prop.name;
+  cudaGetLastError();
+#endif
+  return "";
+}
+
+#if !MOLORA_HAVE_CUDA
+Status measure_copy_gbps(double*) { return Status::Unavailable("built without CUDA"); }
+Status run_case(const Case&, double, Result*) { return Status::Unavailable("built without CUDA"); }
+Status run_table(std::ostream&, bool, int*) { return Status::Unavailable("built without CUDA"); }
+Status tune(const std::string&, std::ostream&) { return Status::Unavailable("built without CUDA"); }
+#else
+
+namespace {
+
+constexpr int kRot = 16;  // rotating routings per timed graph
+
+struct Buf {
+  void* p = nullptr;
+  size_t n = 0;
+  Status ensure(size_t bytes) {
+    if (bytes <= n) return Status::Ok();
+    if (p) cudaFree(p);
+    p = nullptr;
+    n = 0;
+    MOLORA_CUDA_CHECK(cudaMalloc(&p, bytes));
+    n = bytes;
+    return Status::Ok();
+  }
+};
+
+Buf& buf(const std::string& name) {
+  static std::map<std::string, Buf> m;
+  return m[name];
+}
+
+struct HostRouting {
+  std::vector<int32_t> topk, slot, sorted, eids, ntpp;
+  RoutingStats st;
+};
+
+HostRouting make_routing(const Case& c, std::mt19937_64& rng) {
+  HostRouting h;
+  const int T = c.T, k = c.k, S = c.shape.S, E = c.shape.E;
+  const int64_t P = int64_t(T) * k;
+  // Zipf over slots: p(s) ~ 1/(s+1).
+  std::vector<double> cdf(S);
+  double z = 0;
+  for (int s = 0; s < S; ++s) cdf[s] = (z += 1.0 / (s + 1));
+  h.slot.resize(T);
+  for (int t = 0; t < T; ++t) {
+    double u = std::uniform_real_distribution<double>(0, z)(rng);
+    h.slot[t] = int(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+  }
+  int none = int(std::floor(c.none_frac * T + 0.5));
+  std::vector<int> order(T);
+  for (int t = 0; t < T; ++t) order[t] = t;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int i = 0; i < none; ++i) h.slot[order[i]] = -1;
+  h.topk.resize(P);
+  std::vector<int32_t> perm(E);
+  for (int t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    for (int j = 0; j < k; ++j) {
+      int pick = j + int(rng() % (E - j));
+      std::swap(perm[j], perm[pick]);
+      h.topk[int64_t(t) * k + j] = perm[j];
+    }
+  }
+  std::set<int64_t> distinct;
+  int64_t active = 0, atok = 0;
+  for (int t = 0; t < T; ++t) {
+    if (h.slot[t] < 0) continue;
+    ++atok;
+    for (int j = 0; j < k; ++j, ++active)
+      distinct.insert(int64_t(h.slot[t]) * E + h.topk[int64_t(t) * k + j]);
+  }
+  const int r8 = detail::round8(c.shape.r);
+  h.st = {active, atok, int64_t(distinct.size()), int64_t(distinct.size()) * r8, active * r8};
+  if (c.routing == RoutingKind::kAligned) {
+    const int64_t V = int64_t(S) * E, B = c.block, len = P + V * (B - 1);
+    h.sorted.assign(len, int32_t(P));
+    h.eids.assign(cdiv(len, B), -1);
+    std::vector<std::vector<int32_t> > bk(V);
+    for (int64_t p = 0; p < P; ++p)
+      if (h.slot[p / k] >= 0) bk[int64_t(h.slot[p / k]) * E + h.topk[p]].push_back(int32_t(p));
+    int64_t pos = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      if (bk[v].empty()) continue;
+      std::copy(bk[v].begin(), bk[v].end(), h.sorted.begin() + pos);
+      int64_t nb = cdiv(bk[v].size(), B);
+      for (int64_t b = 0; b < nb; ++b) h.eids[pos / B + b] = int32_t(v);
+      pos += nb * B;
+    }
+    h.ntpp = {int32_t(pos)};
+  }
+  return h;
+}
+
+template <typename V>
+Status upload(const std::string& name, const std::vector<V>& h, int slot, size_t stride, V** out) {
+  Buf& b = buf(name);
+  MOLORA_RETURN_IF_ERROR(b.ensure(stride * sizeof(V) * kRot));
+  V* p = static_cast<V*>(b.p) + stride * slot;
+  if (!h.empty())
+    MOLORA_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(V), cudaMemcpyHostToDevice));
+  *out = p;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status measure_copy_gbps(double* gbps) {
+  const size_t bytes = size_t(1) << 30;
+  Buf& a = buf("copy_a");
+  Buf& b = buf("copy_b");
+  MOLORA_RETURN_IF_ERROR(a.ensure(bytes));
+  MOLORA_RETURN_IF_ERROR(b.ensure(bytes));
+  cudaEvent_t e0, e1;
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
+  MOLORA_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr));
+  MOLORA_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i)
+    MOLORA_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr));
+  MOLORA_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  MOLORA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  *gbps = 2.0 * bytes * reps / (ms * 1e-3) / 1e9;
+  cudaFree(a.p), cudaFree(b.p);
+  a = Buf{}, b = Buf{};
+  return Status::Ok();
+}
+
+Status run_case(const Case& c, double copy_gbps, Result* out) {
+  const Shape& sh = c.shape;
+  const int64_t P = int64_t(c.T) * c.k, V = int64_t(sh.S) * sh.E;
+  Problem pb;
+  pb.op = c.op;
+  pb.dtype = DType::kBF16;
+  pb.num_tokens = c.T;
+  pb.top_k = c.k;
+  pb.num_slots = sh.S;
+  pb.num_experts = sh.E;
+  pb.r_max = sh.r;
+  (c.op == Op::kShrink ? pb.K : pb.N) = sh.dim;
+  pb.routing = c.routing;
+  if (c.routing == RoutingKind::kAligned) {
+    pb.block_size = c.block;
+    pb.sorted_len = P + V * (c.block - 1);
+  }
+  // Weights: one buffer per (op, shape), filled with a small constant.
+  const size_t wbytes = size_t(V) * sh.r * sh.dim * 2;
+  Buf& w = buf("w");
+  static std::string w_for;
+  const std::string wkey = sh.name + op_name(c.op);
+  if (w_for != wkey) {
+    MOLORA_RETURN_IF_ERROR(w.ensure(wbytes));
+    MOLORA_CUDA_CHECK(cudaMemset(w.p, 0x3c, wbytes));
+    w_for = wkey;
+  }
+  const size_t in_elems = c.op == Op::kShrink ? size_t(c.T) * sh.dim : size_t(P) * sh.r;
+  const size_t out_elems = c.op == Op::kShrink ? size_t(P) * sh.r : size_t(P) * sh.dim;
+  Buf& in = buf("in");
+  Buf& o = buf("out");
+  MOLORA_RETURN_IF_ERROR(in.ensure(in_elems * 2));
+  MOLORA_RETURN_IF_ERROR(o.ensure(out_elems * 2));
+  MOLORA_CUDA_CHECK(cudaMemset(in.p, 0x3c, in_elems * 2));
+  MOLORA_CUDA_CHECK(cudaMemset(o.p, 0, out_elems * 2));
+  std::vector<int32_t> ranks(sh.S, sh.r);
+  std::vector<float> scales(sh.S, 0.5f);
+  int32_t* d_ranks = nullptr;
+  float* d_scales = nullptr;
+  MOLORA_RETURN_IF_ERROR(upload("ranks", ranks, 0, ranks.size(), &d_ranks));
+  MOLORA_RETURN_IF_ERROR(upload("scales", scales, 0, scales.size(), &d_scales));
+
+  std::mt19937_64 rng(0x10ba + c.T * 131 + int(c.none_frac * 10) + sh.dim);
+  Routing rts[kRot];
+  double bytes_sum = 0;
+  PlanOptions po;
+  po.bandwidth_gbps = copy_gbps;
+  po.force_tile = c.force_tile;
+  po.force_ctas_per_sm = c.force_ctas_per_sm;
+  po.config_path = c.config_path;
+  Plan pl;
+  for (int i = 0; i < kRot; ++i) {
+    HostRouting h = make_routing(c, rng);
+    int32_t *a = nullptr, *b = nullptr;
+    MOLORA_RETURN_IF_ERROR(upload("topk", h.topk, i, size_t(P), &a));
+    MOLORA_RETURN_IF_ERROR(upload("slot", h.slot, i, size_t(c.T), &b));
+    rts[i].topk_ids = a;
+    rts[i].slot_ids = b;
+    if (c.routing == RoutingKind::kAligned) {
+      int32_t *s = nullptr, *e = nullptr, *n = nullptr;
+      MOLORA_RETURN_IF_ERROR(upload("sorted", h.sorted, i, size_t(pb.sorted_len), &s));
+      MOLORA_RETURN_IF_ERROR(upload("eids", h.eids, i, size_t(cdiv(pb.sorted_len, c.block)), &e));
+      MOLORA_RETURN_IF_ERROR(upload("ntpp", h.ntpp, i, 1, &n));
+      rts[i].sorted_token_ids = s;
+      rts[i].expert_ids = e;
+      rts[i].num_tokens_post_pad = n;
+    }
+    po.stats = &h.st;
+    MOLORA_RETURN_IF_ERROR(plan(pb, &pl, po));
+    bytes_sum += double(pl.bytes);
+  }
+  po.stats = nullptr;
+  Plan run_plan;
+  MOLORA_RETURN_IF_ERROR(plan(pb, &run_plan, po));
+  cudaStream_t s;
+  MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto call = [&](int i) {
+    return c.op == Op::kShrink
+               ? shrink(pb, &run_plan, in.p, w.p, d_ranks, rts[i], o.p, s)
+               : expand(pb, &run_plan, in.p, w.p, d_ranks, d_scales, rts[i], o.p, s);
+  };
+  for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
+  MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  MOLORA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  Status cap;
+  for (int i = 0; i < kRot && cap.ok(); ++i) cap = call(i);
+  MOLORA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  MOLORA_RETURN_IF_ERROR(cap);
+  MOLORA_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  cudaEvent_t e0, e1;
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
+  const int reps = 8;
+  MOLORA_CUDA_CHECK(cudaEventRecord(e0, s));
+  for (int r = 0; r < reps; ++r) MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  MOLORA_CUDA_CHECK(cudaEventRecord(e1, s));
+  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  MOLORA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  Result r;
+  r.us = ms * 1e3 / (reps * kRot);
+  r.bytes = int64_t(bytes_sum / kRot);
+  r.floor_us = double(r.bytes) / (copy_gbps * 1e3);
+  r.gbps = r.bytes / (r.us * 1e3);
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  r.plan = run_plan;
+  *out = r;
+  return Status::Ok();
+}
+
+Status run_table(std::ostream& os, bool quick, int* missed) {
+  double copy = 0;
+  MOLORA_RETURN_IF_ERROR(measure_copy_gbps(&copy));
+  char line[512];
+  std::vector<std::string> rows;
+  std::snprintf(line, sizeof line, "%-7s %-18s %4s %5s %-8s %9s %9s %11s %8s %6s %7s  %s", "op",
+                "shape", "T", "none", "routing", "us", "floor_us", "bytes", "GB/s", "%copy",
+                "x_floor", "plan");
+  rows.push_back(line);
+  const std::vector<int> Ts =
+      quick ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 32, 64, 128, 256};
+  std::map<std::string, double> t_at;  // key → us
+  std::vector<std::string> summary;
+  int miss = 0;
+  for (Op op : {Op::kExpand, Op::kShrink})
+    for (const Shape& sh : seed_shapes()) {
+      double min_pct[2] = {1e9, 1e9}, max_x[2] = {0, 0};
+      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
+        for (int T : Ts)
+          for (double none : {0.0, 0.5, 1.0}) {
+            Case c;
+            c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
+            Result r;
+            MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
+            std::snprintf(line, sizeof line,
+                          "%-7s %-18s %4d %4.0f%% %-8s %9.2f %9.2f %11lld %8.0f %5.1f%% %7.2f  %s "
+                          "tile=%d grid=%d %s",
+                          op_name(op), sh.name.c_str(), T, none * 100, routing_name(rk), r.us,
+                          r.floor_us, (long long)r.bytes, r.gbps, r.pct_copy, r.us / r.floor_us,
+                          r.plan.variant.c_str(), r.plan.tile, r.plan.grid, r.plan.source.c_str());
+            rows.push_back(line);
+            std::ostringstream key;
+            key << op_name(op) << sh.name << T << none << routing_name(rk);
+            t_at[key.str()] = r.us;
+            int ri = rk == RoutingKind::kPlain ? 0 : 1;
+            if (none == 0.0 && T >= 32) min_pct[ri] = std::min(min_pct[ri], r.pct_copy);
+            if (none == 0.0 && T <= 8) max_x[ri] = std::max(max_x[ri], r.us / r.floor_us);
+          }
+      for (int ri = 0; ri < 2; ++ri) {
+        const char* rn = ri ? "aligned" : "plain";
+        if (!quick) {
+          bool ok = min_pct[ri] >= 75;
+          miss += ok ? 0 : 1;
+          std::snprintf(
+              line, sizeof line,
+              "SUMMARY lora %s %s %s T>=32: min %.1f%% of copy bandwidth (target >=75%%) %s",
+              op_name(op), sh.name.c_str(), rn, min_pct[ri], ok ? "MET" : "MISSED");
+          summary.push_back(line);
+        }
+        bool ok = max_x[ri] <= 2;
+        miss += ok ? 0 : 1;
+        std::snprintf(line, sizeof line,
+                      "SUMMARY lora %s %s %s T<=8: max %.2fx the floor (target <=2x) %s",
+                      op_name(op), sh.name.c_str(), rn, max_x[ri], ok ? "MET" : "MISSED");
+        summary.push_back(line);
+        std::ostringstream k0, k50;
+        k0 << op_name(op) << sh.name << 64 << 0.0 << rn;
+        k50 << op_name(op) << sh.name << 64 << 0.5 << rn;
+        double ratio = t_at[k50.str()] / t_at[k0.str()];
+        ok = ratio <= 0.6;
+        miss += ok ? 0 : 1;
+        std::snprintf(line, sizeof line,
+                      "SUMMARY lora %s %s %s T=64 50%% no-adapter: %.2f of all-adapter time "
+                      "(target <=0.60) %s",
+                      op_name(op), sh.name.c_str(), rn, ratio, ok ? "MET" : "MISSED");
+        summary.push_back(line);
+      }
+      {
+        std::ostringstream kp, ka;
+        kp << op_name(op) << sh.name << 64 << 0.0 << "plain";
+        ka << op_name(op) << sh.name << 64 << 0.0 << "aligned";
+        std::snprintf(line, sizeof line,
+                      "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (aligned "
+                      "excludes the align kernel)",
+                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()]);
+        summary.push_back(line);
+      }
+    }
+  os << "copy bandwidth (device-to-device, read+write): " << copy << " GB/s\n\n";
+  for (auto& r : rows) os << r << "\n";
+  os << "\n";
+  for (auto& s : summary) os << s << "\n";
+  if (missed) *missed = miss;
+  return Status::Ok();
+}
+
+Status tune(const std::string& path, std::ostream& log) {
+  double copy = 0;
+  MOLORA_RETURN_IF_ERROR(measure_copy_gbps(&copy));
+  log << "copy bandwidth " << copy << " GB/s\n";
+  nlohmann::json entries = nlohmann::json::array();
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceProp prop{};
+  MOLORA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  for (Op op : {Op::kExpand, Op::kShrink})
+    for (const Shape& sh : seed_shapes())
+      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
+        for (int T : {1, 8, 32, 64, 128, 256}) {
+          std::vector<int> tiles = op == Op::kShrink ? std::vector<int>{1, 2, 4, 8, 16}
+                                                     : std::vector<int>{128, 256, 512, 1024, 2048};
+          double best = 1e30, heur = 0;
+          int bt = 0, bc = 0;
+          Case c;
+          c.op = op, c.shape = sh, c.T = T, c.routing = rk, c.config_path = "none";
+          Result r;
+          MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
+          heur = r.us;
+          for (int tile : tiles)
+            for (int cps : {2, 4, 8}) {
+              if (op == Op::kShrink && tile > sh.r) continue;
+              c.force_tile = tile, c.force_ctas_per_sm = cps;
+              MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
+              if (r.us < best) best = r.us, bt = tile, bc = cps;
+            }
+          // Keep the tuned entry only when it beats the heuristic by more than noise.
+          if (best < heur * 0.97) {
+            entries.push_back({{"op", op_name(op)},
+                               {"dtype", "bf16"},
+                               {"routing", routing_name(rk)},
+                               {"dim", sh.dim},
+                               {"r_max", sh.r},
+                               {"p_max", T * 8},
+                               {"tile", bt},
+                               {"ctas_per_sm", bc},
+                               {"us", best},
+                               {"heuristic_us", heur}});
+          }
+          log << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
+              << ": heuristic " << heur << " us, best tile=" << bt << " cps=" << bc << " " << best
+              << " us\n";
+        }
+  nlohmann::json doc = {{"gpu", prop.name},
+                        {"copy_gbps", copy},
+                        {"generator", "molora bench lora --tune"},
+                        {"entries", entries}};
+  std::ofstream f(path);
+  if (!f) return Status::IoError("cannot write " + path);
+  f << doc.dump(1) << "\n";
+  log << "wrote " << entries.size() << " entries to " << path << "\n";
+  return Status::Ok();
+}
+
+#endif
+
+}  // namespace molora::lora::bench

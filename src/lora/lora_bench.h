@@ -1,0 +1,57 @@
+// Benchmark harness of the lora part (internal): used by bench/lora_bench.cc (bench_lora) and
+// `molora bench lora [--tune]`. Times graph replays of calls over rotating routings (so weights
+// come from HBM, not L2) and reports bytes that must move, GB/s and the floor.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "molora/lora.h"
+
+namespace molora::lora::bench {
+
+struct Shape {
+  std::string name;  // e.g. "N6144_r32_V160x8"
+  int64_t dim;       // N (expand) or K (shrink)
+  int r;             // rank of every slot (r_max)
+  int E, S;          // experts, slots: V = S*E
+};
+
+// The seed shapes.
+std::vector<Shape> seed_shapes();
+
+struct Case {
+  Op op = Op::kExpand;
+  Shape shape;
+  int T = 64, k = 8;
+  double none_frac = 0;  // share of tokens without adapter
+  RoutingKind routing = RoutingKind::kPlain;
+  int block = 16;  // aligned layout block size
+  int force_tile = 0, force_ctas_per_sm = 0;
+  std::string config_path;  // "" default lookup, "none" heuristic only
+};
+
+struct Result {
+  double us = 0;        // per call
+  double floor_us = 0;  // bytes / copy bandwidth measured
+  int64_t bytes = 0;    // bytes that must move (mean over the rotating routings)
+  double gbps = 0;
+  double pct_copy = 0;  // of the measured device-to-device copy bandwidth
+  Plan plan;
+};
+
+// Device-to-device copy bandwidth (read + write counted), GB/s.
+Status measure_copy_gbps(double* gbps);
+// Times one case; copy_gbps from measure_copy_gbps.
+Status run_case(const Case& c, double copy_gbps, Result* out);
+
+// The full table (seed shapes x T x no-adapter share x routing x op); prints the table last and
+// SUMMARY lines. Returns 0 when every target is met, 1 otherwise (not an error).
+Status run_table(std::ostream& os, bool quick, int* targets_missed);
+// Name of the current GPU ("" without one).
+std::string gpu_name();
+// Sweeps tiles and CTAs per SM for the seed shapes and T buckets, writes a config JSON to path.
+Status tune(const std::string& path, std::ostream& log);
+
+}  // namespace molora::lora::bench

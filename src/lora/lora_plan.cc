@@ -1,0 +1,254 @@
+// The lora planner: tile, grid and work decomposition for a Problem, the bytes it must move and
+// the HBM floor; tuned entries from configs/lora/<gpu>.json override the heuristic.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/cuda_util.h"
+#include "lora/lora_internal.h"
+#include "molora/settings.h"
+
+#ifndef MOLORA_SOURCE_DIR
+#define MOLORA_SOURCE_DIR "."
+#endif
+
+namespace molora::lora {
+namespace {
+
+std::mutex& mu() {
+  static std::mutex m;
+  return m;
+}
+
+struct DeviceFacts {
+  std::string name;
+  int sm_count = 0;
+};
+
+DeviceFacts device_facts() {
+  DeviceFacts f;
+#if MOLORA_HAVE_CUDA
+  static std::map<int, DeviceFacts> cache;  // hardware facts, not settings: safe to keep
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return f;
+  }
+  std::lock_guard<std::mutex> lock(mu());
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+    f.name = prop.name;
+    f.sm_count = prop.multiProcessorCount;
+  } else {
+    cudaGetLastError();
+  }
+  cache[dev] = f;
+#endif
+  return f;
+}
+
+struct Tuned {
+  int tile = 0, ctas_per_sm = 0;
+};
+
+// Parsed config files, keyed by path and modification time.
+bool lookup_tuned(const std::string& path, const Problem& pb, Tuned* out) {
+  struct stat st {};
+  if (path.empty() || stat(path.c_str(), &st) != 0) return false;
+  static std::map<std::string, std::pair<long long, nlohmann::json>> files;
+  nlohmann::json doc;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    auto& slot = files[path];
+    if (slot.first != static_cast<long long>(st.st_mtime) || slot.second.is_null()) {
+      std::ifstream in(path);
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (j.is_discarded() || !j.contains("entries")) {
+        log_once("lora-config-bad:" + path, "lora: ignoring unreadable config " + path);
+        return false;
+      }
+      slot = {static_cast<long long>(st.st_mtime), j};
+    }
+    doc = slot.second;
+  }
+  const int64_t P = pb.num_tokens * pb.top_k;
+  const int64_t dim = pb.op == Op::kShrink ? pb.K : pb.N;
+  int64_t best_p = -1;
+  for (const auto& e : doc["entries"]) {
+    if (e.value("op", "") != op_name(pb.op) || e.value("dtype", "") != dtype_name(pb.dtype) ||
+        e.value("routing", "") != routing_name(pb.routing) || e.value("dim", 0LL) != dim ||
+        e.value("r_max", 0) != pb.r_max)
+      continue;
+    int64_t pm = e.value("p_max", 0LL);
+    if (pm < P) continue;
+    if (best_p < 0 || pm < best_p) {
+      best_p = pm;
+      out->tile = e.value("tile", 0);
+      out->ctas_per_sm = e.value("ctas_per_sm", 0);
+    }
+  }
+  return best_p >= 0 && out->tile > 0;
+}
+
+int64_t pow2_floor(int64_t x) {
+  int64_t p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+std::string default_config_path(const std::string& gpu_name) {
+  std::string n;
+  for (char c : gpu_name) n += std::isalnum(static_cast<unsigned char>(c)) ? std::tolower(c) : '_';
+  return std::string(MOLORA_SOURCE_DIR) + "/configs/lora/" + n + ".json";
+}
+
+namespace detail {
+size_t smem_bytes(Op op, bool grouped, int64_t P, int64_t V, int block, int r_max) {
+  int64_t ints = grouped ? (2 * V + 1) + P + std::min(P, V) : block;
+  size_t b = static_cast<size_t>(ints) * 4;
+  b = (b + 15) / 16 * 16;
+  if (op == Op::kExpand) b += static_cast<size_t>(kExpandGroupTile) * r_max * 4;
+  return b;
+}
+}  // namespace detail
+
+Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
+  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  if (out == nullptr) return Status::InvalidArgument("plan: out is null");
+  Plan pl;
+  const int64_t P = pb.num_tokens * pb.top_k;
+  const int64_t V = static_cast<int64_t>(pb.num_slots) * pb.num_experts;
+  const int64_t dim = pb.op == Op::kShrink ? pb.K : pb.N;
+  const int64_t es = static_cast<int64_t>(dtype_size(pb.dtype));
+  const bool aligned = pb.routing == RoutingKind::kAligned;
+  DeviceFacts dev = device_facts();
+  const int sms = opt.sm_count > 0 ? opt.sm_count : (dev.sm_count > 0 ? dev.sm_count : 132);
+
+  pl.threads = detail::kThreads;
+  pl.group_cap = (!aligned && P <= 2048 && V <= 4096) ? 2048 : 0;
+  pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
+  std::string mode = aligned ? "aligned" : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
+  pl.variant = std::string(op_name(pb.op)) + "." + mode + "." + dtype_name(pb.dtype);
+
+  // Heuristic: enough work items to give every SM several, each item as large as allows.
+  const int64_t est_groups = std::max<int64_t>(1, std::min(P, V));
+  int tile;
+  if (pb.op == Op::kShrink) {
+    tile = 16;
+    while (tile > 1 && est_groups * cdiv(pb.r_max, tile) < 4LL * sms) tile /= 2;
+    tile = std::min(tile, pb.r_max);
+  } else {
+    tile = static_cast<int>(std::min<int64_t>(1024, pow2_floor(std::max<int64_t>(64, dim))));
+    while (tile > 64 && est_groups * cdiv(dim, tile) < 4LL * sms) tile /= 2;
+  }
+  int cps = 4;
+  pl.source = "heuristic";
+  std::string cfg = opt.config_path;
+  if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
+  if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
+  Tuned tuned;
+  if (cfg != "none" && lookup_tuned(cfg, pb, &tuned)) {
+    tile = tuned.tile;
+    if (tuned.ctas_per_sm > 0) cps = tuned.ctas_per_sm;
+    pl.source = "tuned:" + cfg;
+  }
+  if (opt.force_tile > 0) {
+    tile = opt.force_tile;
+    pl.source = "forced";
+  }
+  if (opt.force_ctas_per_sm > 0) {
+    cps = opt.force_ctas_per_sm;
+    pl.source = "forced";
+  }
+  if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
+    return Status::InvalidArgument("shrink tile must be a power of two in [1, r_max], got " +
+                                   std::to_string(tile));
+  if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
+    return Status::InvalidArgument("expand tile must be a multiple of 8 in [8, 16384], got " +
+                                   std::to_string(tile));
+  if (cps < 1 || cps > 8)
+    return Status::InvalidArgument("ctas_per_sm must be in [1, 8], got " + std::to_string(cps));
+  pl.tile = tile;
+  pl.chunks = static_cast<int>(pb.op == Op::kShrink ? cdiv(pb.r_max, tile) : cdiv(dim, tile));
+  pl.max_items = pl.groups * pl.chunks;
+  pl.smem_bytes =
+      detail::smem_bytes(pb.op, pl.group_cap > 0, P, V, aligned ? pb.block_size : 0, pb.r_max);
+#if MOLORA_HAVE_CUDA
+  if (dev.sm_count > 0 && pb.dtype != DType::kF32) {
+    // Never plan more CTAs per SM than fit at once (a persistent grid must be co-resident).
+    int fit = detail::max_ctas_per_sm(pb.op, pb.dtype, pl.smem_bytes);
+    if (fit > 0 && cps > fit) cps = fit;
+  }
+#endif
+  pl.ctas_per_sm = cps;
+  pl.grid =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, 1LL * sms * cps)));
+
+  // Bytes that must move: each distinct (slot, expert) weight once at its rank, plus activations.
+  const RoutingStats* st = opt.stats;
+  pl.bytes_exact = st != nullptr && st->distinct_rank8 >= 0 && st->active_pairs >= 0 &&
+                   st->active_tokens >= 0 && st->active_rank8 >= 0;
+  int64_t wrank = pl.bytes_exact ? st->distinct_rank8 : std::min(P, V) * pb.r_max;
+  int64_t arank = pl.bytes_exact ? st->active_rank8 : P * pb.r_max;
+  int64_t apairs = pl.bytes_exact ? st->active_pairs : P;
+  int64_t atok = pl.bytes_exact ? st->active_tokens : pb.num_tokens;
+  int64_t b = wrank * dim * es;
+  if (pb.op == Op::kShrink)
+    b += atok * dim * es + arank * es;  // x rows read, t written
+  else
+    b += arank * es + 2 * apairs * dim * es;     // t read, y read and written
+  b += aligned ? 0 : P * 4 + pb.num_tokens * 4;  // routing ids
+  pl.bytes = b;
+  pl.bandwidth_gbps = opt.bandwidth_gbps > 0 ? opt.bandwidth_gbps : 4300.0;
+  pl.floor_us = static_cast<double>(b) / (pl.bandwidth_gbps * 1e3);
+  *out = pl;
+
+  if (log_enabled("plan")) {
+    static std::set<std::string> seen;
+    std::ostringstream key;
+    key << pl.variant << " T=" << pb.num_tokens << " k=" << pb.top_k << " S=" << pb.num_slots
+        << " E=" << pb.num_experts << " r_max=" << pb.r_max
+        << (pb.op == Op::kShrink ? " K=" : " N=") << dim;
+    if (aligned) key << " B=" << pb.block_size << " sorted_len=" << pb.sorted_len;
+    bool fresh;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      fresh = seen.insert(key.str() + pl.source).second;
+    }
+    if (fresh) log("plan", key.str() + ": " + pl.to_string());
+  }
+  return Status::Ok();
+}
+
+std::string Plan::to_string() const {
+  std::ostringstream o;
+  o << variant << " [" << source << "] tile=" << tile << " chunks=" << chunks
+    << " groups=" << groups << " items<=" << max_items << " grid=" << grid << "x" << threads << " ("
+    << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes" << (bytes_exact ? "=" : "<=") << bytes
+    << " floor=" << floor_us << "us@" << bandwidth_gbps << "GB/s";
+  return o.str();
+}
+
+std::string Plan::to_json() const {
+  nlohmann::json j = {
+      {"variant", variant},     {"source", source},           {"threads", threads},
+      {"tile", tile},           {"chunks", chunks},           {"groups", groups},
+      {"max_items", max_items}, {"ctas_per_sm", ctas_per_sm}, {"grid", grid},
+      {"ctas", grid},           {"group_cap", group_cap},     {"smem_bytes", smem_bytes},
+      {"bytes", bytes},         {"bytes_exact", bytes_exact}, {"bandwidth_gbps", bandwidth_gbps},
+      {"floor_us", floor_us}};
+  return j.dump();
+}
+
+}  // namespace molora::lora

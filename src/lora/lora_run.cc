@@ -1,0 +1,144 @@
+// Host entry points of the CUDA path: validation, plan cache, kernel arguments.
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/cuda_util.h"
+#include "lora/lora_internal.h"
+#include "molora/settings.h"
+
+namespace molora::lora {
+namespace {
+
+#if MOLORA_HAVE_CUDA
+// Plans of the calls that pass none, keyed by shape, device and config setting.
+Status cached_plan(const Problem& pb, Plan* out) {
+  static std::mutex m;
+  static std::map<std::string, Plan> cache;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::ostringstream key;
+  key << static_cast<int>(pb.op) << ':' << static_cast<int>(pb.dtype) << ':' << pb.num_tokens << ':'
+      << pb.top_k << ':' << pb.num_slots << ':' << pb.num_experts << ':' << pb.r_max << ':' << pb.K
+      << ':' << pb.N << ':' << static_cast<int>(pb.routing) << ':' << pb.block_size << ':'
+      << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG");
+  {
+    std::lock_guard<std::mutex> lock(m);
+    auto it = cache.find(key.str());
+    if (it != cache.end()) {
+      *out = it->second;
+      return Status::Ok();
+    }
+  }
+  MOLORA_RETURN_IF_ERROR(plan(pb, out));
+  std::lock_guard<std::mutex> lock(m);
+  cache[key.str()] = *out;
+  return Status::Ok();
+}
+
+Status check_ptrs(const Problem& pb, const Routing& rt, cudaStream_t stream,
+                  std::initializer_list<std::pair<const void*, const char*>> ptrs) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  MOLORA_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+  const bool check = cs == cudaStreamCaptureStatusNone;  // attribute queries stay out of captures
+  for (auto& [p, name] : ptrs) {
+    if (p == nullptr) return Status::InvalidArgument(std::string(name) + " is null");
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return Status::InvalidArgument(std::string(name) + " must be 16-byte aligned");
+    if (check) MOLORA_RETURN_IF_ERROR(check_device_pointer(p, 1, name));
+  }
+  if (pb.routing == RoutingKind::kPlain) {
+    if (!rt.topk_ids || !rt.slot_ids)
+      return Status::InvalidArgument("topk_ids and slot_ids are required for plain routing");
+    if (check) {
+      MOLORA_RETURN_IF_ERROR(check_device_pointer(rt.topk_ids, 1, "topk_ids"));
+      MOLORA_RETURN_IF_ERROR(check_device_pointer(rt.slot_ids, 1, "slot_ids"));
+    }
+  } else {
+    if (!rt.sorted_token_ids || !rt.expert_ids || !rt.num_tokens_post_pad)
+      return Status::InvalidArgument(
+          "sorted_token_ids, expert_ids and num_tokens_post_pad are required for aligned routing");
+    if (check) {
+      MOLORA_RETURN_IF_ERROR(check_device_pointer(rt.sorted_token_ids, 1, "sorted_token_ids"));
+      MOLORA_RETURN_IF_ERROR(check_device_pointer(rt.expert_ids, 1, "expert_ids"));
+      MOLORA_RETURN_IF_ERROR(
+          check_device_pointer(rt.num_tokens_post_pad, 1, "num_tokens_post_pad"));
+    }
+  }
+  return Status::Ok();
+}
+
+Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStream_t stream) {
+  if (pb.dtype != DType::kBF16 && pb.dtype != DType::kF16)
+    return Status::InvalidArgument(std::string("dtype must be bf16 or f16 on the GPU, got ") +
+                                   dtype_name(pb.dtype));
+  Plan local;
+  if (plan_in == nullptr) {
+    MOLORA_RETURN_IF_ERROR(cached_plan(pb, &local));
+    plan_in = &local;
+  }
+  a.T = pb.num_tokens;
+  a.P = pb.num_tokens * pb.top_k;
+  a.k = pb.top_k;
+  a.S = pb.num_slots;
+  a.E = pb.num_experts;
+  a.r_max = pb.r_max;
+  a.dim = pb.op == Op::kShrink ? pb.K : pb.N;
+  a.aligned = pb.routing == RoutingKind::kAligned;
+  a.block = pb.block_size;
+  a.sorted_len = pb.sorted_len;
+  a.group_cap = plan_in->group_cap;
+  a.tile = plan_in->tile;
+  a.chunks = plan_in->chunks;
+  if (a.P == 0 || plan_in->max_items == 0) return Status::Ok();
+  return detail::launch(pb.op, pb.dtype, a, *plan_in, stream);
+}
+#endif
+
+}  // namespace
+
+Status shrink(const Problem& pb, const Plan* plan_in, const void* x, const void* A,
+              const int32_t* ranks, const Routing& rt, void* t, cudaStream_t stream) {
+  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  if (pb.op != Op::kShrink) return Status::InvalidArgument("problem.op must be shrink");
+#if MOLORA_HAVE_CUDA
+  if (pb.num_tokens == 0) return Status::Ok();
+  MOLORA_RETURN_IF_ERROR(
+      check_ptrs(pb, rt, stream, {{x, "x"}, {A, "A"}, {ranks, "ranks"}, {t, "t"}}));
+  detail::KernelArgs a;
+  a.w = A;
+  a.in = x;
+  a.out = t;
+  a.ranks = ranks;
+  a.rt = rt;
+  return run(pb, plan_in, a, stream);
+#else
+  (void)plan_in, (void)x, (void)A, (void)ranks, (void)rt, (void)t, (void)stream;
+  return Status::Unavailable("molora was built without CUDA");
+#endif
+}
+
+Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void* B,
+              const int32_t* ranks, const float* scales, const Routing& rt, void* y,
+              cudaStream_t stream) {
+  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  if (pb.op != Op::kExpand) return Status::InvalidArgument("problem.op must be expand");
+#if MOLORA_HAVE_CUDA
+  if (pb.num_tokens == 0) return Status::Ok();
+  MOLORA_RETURN_IF_ERROR(check_ptrs(
+      pb, rt, stream, {{t, "t"}, {B, "B"}, {ranks, "ranks"}, {scales, "scales"}, {y, "y"}}));
+  detail::KernelArgs a;
+  a.w = B;
+  a.in = t;
+  a.out = y;
+  a.ranks = ranks;
+  a.scales = scales;
+  a.rt = rt;
+  return run(pb, plan_in, a, stream);
+#else
+  (void)plan_in, (void)t, (void)B, (void)ranks, (void)scales, (void)rt, (void)y, (void)stream;
+  return Status::Unavailable("molora was built without CUDA");
+#endif
+}
+
+}  // namespace molora::lora

@@ -1,0 +1,270 @@
+// lora GPU suite: every kernel variant against the fp64 CPU reference (outputs poisoned, seeds
+// printed), untouched pairs bit-identical, determinism, CUDA-graph capture, empty routing and
+// argument errors.
+#include <cuda_runtime_api.h>
+
+#include "gpu_test_util.h"
+#include "lora_test_util.h"
+
+using namespace lora_test;
+
+namespace {
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+template <typename V>
+struct Dev {
+  V* p = nullptr;
+  size_t n = 0;
+  Dev() = default;
+  explicit Dev(const std::vector<V>& h) : n(h.size()) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(V)) != cudaSuccess)
+      p = nullptr;
+    if (n) cudaMemcpy(p, h.data(), n * sizeof(V), cudaMemcpyHostToDevice);
+  }
+  Dev(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  std::vector<V> get() const {
+    std::vector<V> h(n);
+    if (n) cudaMemcpy(h.data(), p, n * sizeof(V), cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void set(const std::vector<V>& h) {
+    if (n) cudaMemcpy(p, h.data(), n * sizeof(V), cudaMemcpyHostToDevice);
+  }
+};
+
+struct DevData {
+  Dev<uint16_t> w, in, out;
+  Dev<int32_t> topk, slot, ranks, sorted, expert_ids, ntpp;
+  Dev<float> scales;
+  explicit DevData(const Data& d)
+      : w(d.w),
+        in(d.in),
+        out(d.out),
+        topk(d.topk),
+        slot(d.slot),
+        ranks(d.ranks),
+        sorted(d.sorted),
+        expert_ids(d.expert_ids),
+        ntpp(d.ntpp),
+        scales(d.scales) {}
+  Routing routing() const {
+    Routing r;
+    r.topk_ids = topk.p;
+    r.slot_ids = slot.p;
+    r.sorted_token_ids = sorted.p;
+    r.expert_ids = expert_ids.p;
+    r.num_tokens_post_pad = ntpp.p;
+    return r;
+  }
+};
+
+Status run_gpu(const Data& d, DevData& g, const Plan* pl, cudaStream_t s) {
+  return d.pb.op == Op::kShrink
+             ? shrink(d.pb, pl, g.in.p, g.w.p, g.ranks.p, g.routing(), g.out.p, s)
+             : expand(d.pb, pl, g.in.p, g.w.p, g.ranks.p, g.scales.p, g.routing(), g.out.p, s);
+}
+
+std::vector<uint16_t> run_cpu(const Data& d) {
+  std::vector<uint16_t> out = d.out;
+  Routing rt = d.host_routing();
+  Status st = d.pb.op == Op::kShrink
+                  ? shrink_cpu(d.pb, d.in.data(), d.w.data(), d.ranks.data(), rt, out.data())
+                  : expand_cpu(d.pb, d.in.data(), d.w.data(), d.ranks.data(), d.scales.data(), rt,
+                               out.data());
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return out;
+}
+
+// Runs one case on the GPU (default plan, and each forced tile given) and checks it.
+void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0}) {
+  SCOPED_TRACE(c.name());
+  Data d = make_data(c, rng);
+  std::vector<uint16_t> ref = run_cpu(d);
+  DevData g(d);
+  for (int tile : tiles) {
+    SCOPED_TRACE("tile " + std::to_string(tile));
+    Plan pl;
+    PlanOptions o;
+    o.force_tile = tile;
+    ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+    g.out.set(d.out);  // poisoned (shrink) / base output (expand)
+    Status st = run_gpu(d, g, &pl, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got = g.out.get();
+    Err e = compare(d, got, ref, d.out);
+    EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
+    EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
+    EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
+    // Determinism: a second run from the same inputs gives the same bits.
+    g.out.set(d.out);
+    ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(g.out.get(), got) << "second run differs";
+  }
+}
+
+}  // namespace
+
+TEST(LoraGpu, MatchesReferenceAcrossShapes) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
+        Case c;
+        c.op = op, c.dt = dt, c.routing = rk;
+        c.T = 5, c.k = 4, c.S = 4, c.E = 16, c.r_max = 32, c.dim = 520, c.block = 8;
+        std::vector<int> tiles =
+            op == Op::kShrink ? std::vector<int>{0, 1, 2, 8, 32} : std::vector<int>{0, 8, 64, 1024};
+        check_case(c, rng, tiles);
+        c.T = 1, c.k = 1, c.r_max = 8, c.dim = 8, c.block = 1;  // T=1, smallest shape
+        check_case(c, rng);
+        c.T = 33, c.k = 8, c.S = 3, c.E = 24, c.r_max = 128, c.dim = 2056, c.block = 16;
+        check_case(c, rng);
+        c.T = 40, c.k = 2, c.S = 2, c.E = 3, c.r_max = 64, c.dim = 136, c.block = 64;  // big groups
+        c.slots = SlotMode::kOne;
+        check_case(c, rng, op == Op::kShrink ? std::vector<int>{0, 4} : std::vector<int>{0, 16});
+        c.slots = SlotMode::kDistinct, c.mixed_ranks = false;
+        check_case(c, rng);
+        c.slots = SlotMode::kHalfNone, c.mixed_ranks = true;
+        check_case(c, rng);
+      }
+}
+
+TEST(LoraGpu, SeedLikeShapes) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
+      Case c;
+      c.op = op, c.routing = rk, c.T = 64, c.k = 8, c.S = 8, c.E = 160, c.r_max = 32;
+      c.dim = op == Op::kShrink ? 2048 : 1536, c.block = 16;
+      check_case(c, rng);
+    }
+}
+
+TEST(LoraGpu, PrefillUngroupedPath) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand}) {
+    Case c;  // P = 2560 > group cap: one group per pair
+    c.op = op, c.T = 320, c.k = 8, c.S = 2, c.E = 16, c.r_max = 16, c.dim = 64;
+    check_case(c, rng);
+    c.S = 80, c.T = 8;  // V = 1280 * ... > 4096 no: V = 80*16 = 1280; still grouped
+    c.E = 64;           // V = 5120 > 4096: ungrouped at decode size too
+    check_case(c, rng);
+  }
+}
+
+TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
+      Case c;
+      c.op = op, c.routing = rk, c.slots = SlotMode::kAllNone, c.T = 16, c.k = 8;
+      Data d = make_data(c, rng);
+      DevData g(d);
+      ASSERT_TRUE(run_gpu(d, g, nullptr, nullptr).ok());
+      CK(cudaDeviceSynchronize());
+      EXPECT_EQ(g.out.get(), d.out);
+    }
+}
+
+TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
+    Case cs;
+    cs.op = Op::kShrink, cs.routing = rk, cs.T = 8, cs.k = 8, cs.S = 4, cs.E = 32, cs.dim = 256;
+    cs.r_max = 16;
+    Data ds = make_data(cs, rng);
+    Case ce = cs;
+    ce.op = Op::kExpand;
+    Data de = make_data(ce, rng);
+    de.ranks = ds.ranks, de.slot = ds.slot, de.topk = ds.topk, de.sorted = ds.sorted;
+    de.expert_ids = ds.expert_ids, de.ntpp = ds.ntpp, de.pb.sorted_len = ds.pb.sorted_len;
+    DevData gs(ds), ge(de);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // Eager: shrink into gs.out, expand from it.
+    Data de2 = de;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_TRUE(run_gpu(ds, gs, nullptr, s).ok());  // warm the plan cache
+    CK(cudaStreamSynchronize(s));
+    std::vector<uint16_t> t_eager = gs.out.get();
+    ge.in.set(t_eager);
+    ASSERT_TRUE(run_gpu(de, ge, nullptr, s).ok());
+    CK(cudaStreamSynchronize(s));
+    std::vector<uint16_t> y_eager = ge.out.get();
+    // Graph: the same two calls captured, expand reading the shrink output directly.
+    gs.out.set(ds.out);
+    ge.out.set(de.out);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    Status st1 = run_gpu(ds, gs, nullptr, s);
+    Status st2 = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p, ge.routing(),
+                        ge.out.p, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    ASSERT_TRUE(st1.ok()) << st1.to_string();
+    ASSERT_TRUE(st2.ok()) << st2.to_string();
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      ge.out.set(de.out);
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      EXPECT_EQ(ge.out.get(), y_eager) << "replay " << rep;
+    }
+    EXPECT_EQ(gs.out.get(), t_eager);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+  }
+}
+
+TEST(LoraGpu, BadArgumentsAreRejected) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  Case c;
+  Data d = make_data(c, rng);
+  DevData g(d);
+  std::vector<uint16_t> host_out = d.out;
+  Status st = expand(d.pb, nullptr, g.in.p, g.w.p, g.ranks.p, g.scales.p, g.routing(),
+                     host_out.data(), nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("y"), std::string::npos) << st.message();
+  st = expand(d.pb, nullptr, g.in.p, g.w.p, g.ranks.p, nullptr, g.routing(), g.out.p, nullptr);
+  EXPECT_NE(st.message().find("scales"), std::string::npos) << st.message();
+  Problem pb = d.pb;
+  pb.dtype = DType::kF32;
+  st = expand(pb, nullptr, g.in.p, g.w.p, g.ranks.p, g.scales.p, g.routing(), g.out.p, nullptr);
+  EXPECT_NE(st.message().find("dtype"), std::string::npos) << st.message();
+  CK(cudaDeviceSynchronize());
+  EXPECT_EQ(g.out.get(), d.out);
+}
+
+TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  Case c;
+  c.slots = SlotMode::kDistinct;
+  Data d = make_data(c, rng);
+  Data bad = d;
+  bad.slot[0] = c.S;       // slot >= S
+  bad.topk[c.k + 1] = -3;  // expert < 0
+  DevData g(bad);
+  ASSERT_TRUE(run_gpu(bad, g, nullptr, nullptr).ok());
+  CK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got = g.out.get();
+  // The same as the reference with those pairs dropped.
+  Data ok = d;
+  ok.slot[0] = -1;
+  std::vector<uint16_t> ref = run_cpu(ok);
+  for (int64_t n = 0; n < c.dim; ++n) {
+    EXPECT_EQ(got[n], d.out[n]);  // pair 0 untouched
+    EXPECT_EQ(got[(c.k + 1) * c.dim + n], d.out[(c.k + 1) * c.dim + n]);
+  }
+}

@@ -1,0 +1,350 @@
+// lora CPU suite: the reference against a naive fp64 loop, plain vs aligned routing, the
+// planner, and input validation (errors name the argument, nothing is written).
+#include <cstdio>
+#include <fstream>
+
+#include "lora_test_util.h"
+#include "molora/settings.h"
+
+using namespace lora_test;
+
+namespace {
+
+// A second, independent statement of the contract, written from the header's formulas.
+std::vector<double> naive(const Data& d) {
+  const Problem& pb = d.pb;
+  const int64_t P = pb.num_tokens * pb.top_k;
+  const int R = pb.r_max;
+  std::vector<double> out;
+  if (pb.op == Op::kShrink) {
+    out.assign(P * R, 0);
+    for (int64_t p = 0; p < P; ++p) {
+      int s = d.slot[p / pb.top_k], e = d.topk[p];
+      if (s < 0) continue;
+      for (int r = 0; r < d.ranks[s]; ++r) {
+        double acc = 0;
+        for (int64_t kk = 0; kk < pb.K; ++kk)
+          acc += double(from16(pb.dtype,
+                               d.w[((int64_t(s) * pb.num_experts + e) * R + r) * pb.K + kk])) *
+                 from16(pb.dtype, d.in[(p / pb.top_k) * pb.K + kk]);
+        out[p * R + r] = acc;
+      }
+    }
+  } else {
+    out.assign(P * pb.N, 0);
+    for (int64_t p = 0; p < P; ++p) {
+      int s = d.slot[p / pb.top_k], e = d.topk[p];
+      for (int64_t n = 0; n < pb.N; ++n) {
+        double acc = 0;
+        if (s >= 0)
+          for (int r = 0; r < d.ranks[s]; ++r)
+            acc += double(from16(pb.dtype,
+                                 d.w[((int64_t(s) * pb.num_experts + e) * pb.N + n) * R + r])) *
+                   from16(pb.dtype, d.in[p * R + r]);
+        out[p * pb.N + n] =
+            from16(pb.dtype, d.out[p * pb.N + n]) + (s >= 0 ? d.scales[s] * acc : 0);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint16_t> run_ref(const Data& d, Status* st) {
+  std::vector<uint16_t> out = d.out;
+  Routing rt = d.host_routing();
+  *st = d.pb.op == Op::kShrink
+            ? shrink_cpu(d.pb, d.in.data(), d.w.data(), d.ranks.data(), rt, out.data())
+            : expand_cpu(d.pb, d.in.data(), d.w.data(), d.ranks.data(), d.scales.data(), rt,
+                         out.data());
+  return out;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
+        Case c;
+        c.op = op, c.dt = dt, c.routing = rk;
+        v.push_back(c);
+        c.T = 1, c.k = 1, c.dim = 8, c.r_max = 8, c.block = 1;
+        v.push_back(c);
+        c.T = 7, c.k = 3, c.S = 3, c.E = 5, c.dim = 24, c.r_max = 32, c.block = 4;
+        c.slots = SlotMode::kDistinct;
+        v.push_back(c);
+        c.slots = SlotMode::kOne;
+        c.mixed_ranks = false;
+        v.push_back(c);
+      }
+  return v;
+}
+
+}  // namespace
+
+TEST(LoraCpu, ReferenceMatchesNaiveLoop) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name());
+    Data d = make_data(c, rng);
+    Status st;
+    std::vector<uint16_t> got = run_ref(d, &st);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<double> want = naive(d);
+    const int64_t P = int64_t(c.T) * c.k;
+    const int64_t cols = c.op == Op::kShrink ? c.r_max : c.dim;
+    for (int64_t p = 0; p < P; ++p) {
+      int s = d.slot[p / c.k];
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t i = p * cols + j;
+        const bool written = s >= 0 && (c.op == Op::kExpand || j < d.ranks[s]);
+        if (!written) {
+          ASSERT_EQ(got[i], d.out[i]) << "untouched element changed at pair " << p;
+          continue;
+        }
+        // Both are fp64 sums rounded once to the storage type.
+        ASSERT_EQ(got[i], to16(c.dt, float(want[i]))) << "pair " << p << " col " << j;
+      }
+    }
+  }
+}
+
+TEST(LoraCpu, PlainAndAlignedAgreeBitwise) {
+  std::mt19937_64 rng(fresh_seed());
+  for (Case c : cases()) {
+    if (c.routing != RoutingKind::kPlain) continue;
+    SCOPED_TRACE(c.name());
+    Data d = make_data(c, rng);
+    Status s1, s2;
+    std::vector<uint16_t> a = run_ref(d, &s1);
+    Data d2 = d;
+    d2.pb.routing = RoutingKind::kAligned;
+    d2.pb.block_size = 3;
+    build_aligned(d2);
+    std::vector<uint16_t> b = run_ref(d2, &s2);
+    ASSERT_TRUE(s1.ok() && s2.ok()) << s1.to_string() << s2.to_string();
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(LoraCpu, AllSlotsNoneWritesNothing) {
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand}) {
+    Case c;
+    c.op = op;
+    c.slots = SlotMode::kAllNone;
+    Data d = make_data(c, rng);
+    Status st;
+    EXPECT_EQ(run_ref(d, &st), d.out);
+    EXPECT_TRUE(st.ok());
+  }
+}
+
+TEST(LoraCpu, ValidationNamesTheArgumentAndWritesNothing) {
+  std::mt19937_64 rng(fresh_seed());
+  Case c;
+  Data base = make_data(c, rng);
+  auto expect_err = [&](Data d, const std::string& word) {
+    Status st;
+    std::vector<uint16_t> out = run_ref(d, &st);
+    EXPECT_FALSE(st.ok()) << word;
+    EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
+    EXPECT_EQ(out, d.out) << "wrote output despite error: " << word;
+  };
+  {
+    Data d = base;
+    d.slot[1] = c.S;
+    expect_err(d, "slot_ids");
+  }
+  {
+    Data d = base;
+    d.slot[0] = -2;
+    expect_err(d, "slot_ids");
+  }
+  {
+    Data d = base;
+    d.topk[3] = c.E;
+    expect_err(d, "topk_ids");
+  }
+  {
+    Data d = base;
+    d.ranks[0] = c.r_max + 1;
+    expect_err(d, "ranks");
+  }
+  {
+    Data d = base;
+    d.pb.r_max = 24;
+    expect_err(d, "r_max");
+  }
+  {
+    Data d = base;
+    d.pb.N = 12;
+    expect_err(d, "N");
+  }
+  {
+    Data d = base;
+    d.pb.K = 64;
+    expect_err(d, "K must be 0");
+  }
+  {
+    Data d = base;
+    d.pb.top_k = 0;
+    expect_err(d, "top_k");
+  }
+  {
+    Data d = base;
+    d.pb.routing = RoutingKind::kAligned;
+    d.pb.block_size = 4;
+    build_aligned(d);
+    d.expert_ids[0] = c.S * c.E;
+    expect_err(d, "expert_ids");
+  }
+  {
+    Data d = base;
+    d.pb.routing = RoutingKind::kAligned;
+    d.pb.block_size = 4;
+    build_aligned(d);
+    d.ntpp[0] = 3;
+    expect_err(d, "num_tokens_post_pad");
+  }
+  {
+    Problem pb = base.pb;
+    pb.num_tokens = 65536;
+    pb.top_k = 2;
+    EXPECT_EQ(validate_problem(pb).code(), molora::StatusCode::kOutOfRange);
+  }
+}
+
+TEST(LoraCpu, HalfAndBf16Conversions) {
+  using namespace molora::lora::detail;
+  for (float f : {0.f, 1.f, -2.5f, 65504.f, 0x1p-14f, 0x1p-24f, 0x1.8p-20f})
+    EXPECT_EQ(half_to_float(float_to_half(f)), f);  // exactly representable
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(65520.f), 0x7c00);             // rounds to inf
+  EXPECT_EQ(float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie to even
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);  // tie to even
+  for (uint32_t h = 0; h < 0x7c00; h += 7) EXPECT_EQ(float_to_half(half_to_float(h)), h);
+}
+
+TEST(LoraPlan, HeuristicFieldsAreConsistent) {
+  Problem pb;
+  pb.op = Op::kExpand;
+  pb.num_tokens = 64;
+  pb.top_k = 8;
+  pb.num_slots = 8;
+  pb.num_experts = 160;
+  pb.r_max = 32;
+  pb.N = 6144;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "heuristic");
+  EXPECT_EQ(pl.variant, "expand.plain-grouped.bf16");
+  EXPECT_EQ(pl.chunks, molora::cdiv(6144, pl.tile));
+  EXPECT_EQ(pl.groups, 512);
+  EXPECT_EQ(pl.max_items, 512LL * pl.chunks);
+  EXPECT_LE(pl.grid, 132 * pl.ctas_per_sm);
+  EXPECT_GT(pl.floor_us, 0);
+  EXPECT_FALSE(pl.bytes_exact);
+  // worst case: 512 distinct pairs at r_max, t read, y read+written, routing ids
+  EXPECT_EQ(pl.bytes,
+            512LL * 32 * 6144 * 2 + 512LL * 32 * 2 + 2LL * 512 * 6144 * 2 + 512 * 4 + 64 * 4);
+  RoutingStats st;
+  st.active_pairs = 256, st.active_tokens = 32, st.distinct_pairs = 100, st.distinct_rank8 = 1600,
+  st.active_rank8 = 256 * 16;
+  o.stats = &st;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_TRUE(pl.bytes_exact);
+  EXPECT_EQ(pl.bytes, 1600LL * 6144 * 2 + 256LL * 16 * 2 + 2LL * 256 * 6144 * 2 + 512 * 4 + 64 * 4);
+  EXPECT_NE(pl.to_json().find("\"floor_us\""), std::string::npos);
+  EXPECT_NE(pl.to_string().find("grid="), std::string::npos);
+
+  pb.routing = RoutingKind::kAligned;
+  pb.block_size = 16;
+  pb.sorted_len = 512 + 1280 * 15;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "expand.aligned.bf16");
+  EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
+
+  pb.routing = RoutingKind::kPlain;
+  pb.num_tokens = 1024;  // P = 8192 > group cap: one group per pair
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "expand.plain-pairs.bf16");
+  EXPECT_EQ(pl.group_cap, 0);
+}
+
+TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
+  Problem pb;
+  pb.op = Op::kShrink;
+  pb.num_tokens = 1;
+  pb.top_k = 8;
+  pb.num_slots = 8;
+  pb.num_experts = 256;
+  pb.r_max = 32;
+  pb.K = 7168;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_LT(pl.tile, 8);  // 8 groups only: split rows across warps to reach every SM
+  pb.num_tokens = 256;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.tile, 16);
+  o.force_tile = 3;
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.force_tile = 4;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "forced");
+  EXPECT_EQ(pl.chunks, 8);
+}
+
+TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
+  const std::string path = testing::TempDir() + "lora_tuned_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"gpu": "test", "entries": [
+      {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
+       "p_max": 64, "tile": 256, "ctas_per_sm": 3},
+      {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
+       "p_max": 512, "tile": 128, "ctas_per_sm": 2}]})";
+  }
+  Problem pb;
+  pb.op = Op::kExpand;
+  pb.num_tokens = 8;
+  pb.top_k = 8;
+  pb.num_slots = 8;
+  pb.num_experts = 128;
+  pb.r_max = 16;
+  pb.N = 2048;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = path;
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "tuned:" + path);
+  EXPECT_EQ(pl.tile, 256);
+  EXPECT_EQ(pl.ctas_per_sm, 3);
+  pb.num_tokens = 32;  // P = 256: the p_max 512 entry
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.tile, 128);
+  pb.num_tokens = 128;  // P = 1024: no entry
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "heuristic");
+  // The setting is read when used.
+  molora::set_setting("MOLORA_LORA_CONFIG", path);
+  o.config_path = "";
+  pb.num_tokens = 8;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "tuned:" + path);
+  molora::set_setting("MOLORA_LORA_CONFIG", std::nullopt);
+  std::remove(path.c_str());
+}
+
+TEST(LoraPlan, DefaultConfigPathNamesTheGpu) {
+  std::string p = default_config_path("NVIDIA H200");
+  EXPECT_NE(p.find("configs/lora/nvidia_h200.json"), std::string::npos) << p;
+}

@@ -1,0 +1,215 @@
+"""molora.lora_shrink / lora_expand / lora_plan: numpy → CPU reference, CUDA torch → kernels."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+import molora
+
+SEED = int(os.environ.get("MOLORA_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
+print(f"[lora] seed {SEED}")
+
+
+def make(T=6, k=3, S=3, E=5, r_max=16, K=40, N=24, none_every=4, seed=SEED, dtype=np.float16):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (T, K)).astype(dtype)
+    A = (rng.uniform(-1, 1, (S, E, r_max, K)) / np.sqrt(K)).astype(dtype)
+    B = (rng.uniform(-1, 1, (S, E, N, r_max)) / np.sqrt(r_max)).astype(dtype)
+    topk = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    slot = rng.integers(0, S, T).astype(np.int32)
+    slot[::none_every] = -1
+    ranks = np.array([min(r_max, 8 * (s + 1)) for s in range(S)], np.int32)
+    ranks[-1] = r_max - 3
+    scales = np.linspace(0.5, 2, S).astype(np.float32)
+    return x, A, B, topk, slot, ranks, scales
+
+
+def ref_shrink(x, A, topk, slot, ranks):
+    T, k = topk.shape
+    t = np.zeros((T * k, A.shape[2]), np.float64)
+    for p in range(T * k):
+        s = slot[p // k]
+        if s < 0:
+            continue
+        r = ranks[s]
+        t[p, :r] = A[s, topk[p // k, p % k], :r].astype(np.float64) @ x[p // k].astype(np.float64)
+    return t
+
+
+def ref_expand(t, B, y, topk, slot, ranks, scales):
+    T, k = topk.shape
+    out = y.astype(np.float64).copy()
+    for p in range(T * k):
+        s = slot[p // k]
+        if s < 0:
+            continue
+        r = ranks[s]
+        out[p] += scales[s] * (B[s, topk[p // k, p % k], :, :r].astype(np.float64)
+                               @ t[p, :r].astype(np.float64))
+    return out
+
+
+def align(topk, slot, S, E, block):
+    """moe_align_block_size's layout over virtual experts, built in numpy."""
+    T, k = topk.shape
+    P, V = T * k, S * E
+    length = P + V * (block - 1)
+    sorted_ids = np.full(length, P, np.int32)
+    eids = np.full(-(-length // block), -1, np.int32)
+    pos = 0
+    buckets = {}
+    for p in range(P):
+        s = slot[p // k]
+        if s >= 0:
+            buckets.setdefault(int(s) * E + int(topk[p // k, p % k]), []).append(p)
+    for v in sorted(buckets):
+        ids = buckets[v]
+        sorted_ids[pos:pos + len(ids)] = ids
+        nb = -(-len(ids) // block)
+        eids[pos // block:pos // block + nb] = v
+        pos += nb * block
+    return sorted_ids, eids, np.array([pos], np.int32)
+
+
+def test_cpu_shrink_matches_numpy():
+    x, A, B, topk, slot, ranks, _ = make()
+    t = molora.lora_shrink(x, A, topk, slot, ranks=ranks)
+    want = ref_shrink(x, A, topk, slot, ranks)
+    k = topk.shape[1]
+    for p in range(t.shape[0]):
+        s = slot[p // k]
+        if s < 0:
+            assert not t[p].any()
+            continue
+        np.testing.assert_allclose(t[p, :ranks[s]].astype(np.float64), want[p, :ranks[s]],
+                                   rtol=2e-3, atol=2e-3)
+
+
+def test_cpu_expand_matches_numpy_and_aligned_agrees():
+    x, A, B, topk, slot, ranks, scales = make()
+    t = molora.lora_shrink(x, A, topk, slot, ranks=ranks)
+    y0 = np.random.default_rng(SEED).uniform(-1, 1, (t.shape[0], B.shape[2])).astype(np.float16)
+    y = molora.lora_expand(t, B, y0.copy(), topk, slot, ranks=ranks, scales=scales)
+    want = ref_expand(t, B, y0, topk, slot, ranks, scales)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    k = topk.shape[1]
+    for p in range(y.shape[0]):
+        if slot[p // k] < 0:
+            assert (y[p] == y0[p]).all()
+    srt, eids, ntpp = align(topk, slot, A.shape[0], A.shape[1], 4)
+    y2 = molora.lora_expand(t, B, y0.copy(), ranks=ranks, scales=scales, sorted_token_ids=srt,
+                            expert_ids=eids, num_tokens_post_pad=ntpp, block_size=4, top_k=k)
+    assert (y2 == y).all()
+
+
+def test_float32_cpu():
+    x, A, B, topk, slot, ranks, scales = make(dtype=np.float32)
+    t = molora.lora_shrink(x, A, topk, slot, ranks=ranks)
+    want = ref_shrink(x, A, topk, slot, ranks)
+    np.testing.assert_allclose(t, want, rtol=1e-5, atol=1e-5)
+
+
+def test_errors_name_the_argument_and_write_nothing():
+    x, A, B, topk, slot, ranks, scales = make()
+    t = np.zeros((topk.size, A.shape[2]), np.float16)
+    bad = slot.copy()
+    bad[1] = A.shape[0]
+    with pytest.raises(ValueError, match="slot_ids"):
+        molora.lora_shrink(x, A, topk, bad, ranks=ranks, out=t)
+    assert not t.any()
+    with pytest.raises(ValueError, match="ranks"):
+        molora.lora_shrink(x, A, topk, slot, ranks=np.full(A.shape[0], 99, np.int32), out=t)
+    assert not t.any()
+    with pytest.raises(ValueError, match="A"):
+        molora.lora_shrink(x, A[:, :, :, :8].copy(), topk, slot, ranks=ranks)
+    with pytest.raises(TypeError, match="A"):
+        molora.lora_shrink(x, A.astype(np.float32), topk, slot, ranks=ranks)
+    with pytest.raises(TypeError, match="topk_ids"):
+        molora.lora_shrink(x, A, topk.astype(np.int64), slot, ranks=ranks)
+    with pytest.raises(ValueError, match="contiguous"):
+        molora.lora_shrink(np.asfortranarray(x), A, topk, slot, ranks=ranks)
+    y = np.zeros((topk.size, B.shape[2]), np.float16)
+    with pytest.raises(ValueError, match="y"):
+        molora.lora_expand(t, B, y[:, :8].copy(), topk, slot, ranks=ranks, scales=scales)
+    with pytest.raises(ValueError, match="r_max"):
+        molora.lora_expand(t, np.zeros((3, 5, 24, 12), np.float16), y, topk, slot)
+
+
+def test_plan_reports_grid_bytes_floor():
+    p = molora.lora_plan("expand", num_tokens=64, top_k=8, num_slots=8, num_experts=160,
+                         r_max=32, N=6144, config_path="none", sm_count=132)
+    for key in ("variant", "source", "tile", "grid", "ctas", "bytes", "floor_us", "threads"):
+        assert key in p
+    assert p["source"] == "heuristic"
+    assert p["variant"] == "expand.plain-grouped.bf16"
+    assert p["floor_us"] > 0 and p["bytes"] > 512 * 32 * 6144 * 2 - 1
+    a = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
+                         r_max=32, K=7168, routing="aligned", block_size=16, config_path="none")
+    assert a["variant"].startswith("shrink.aligned")
+    with pytest.raises(ValueError, match="K"):
+        molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
+                         r_max=32, K=7170)
+    with pytest.raises(ValueError, match="r_max"):
+        molora.lora_plan("expand", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
+                         r_max=24, N=128)
+
+
+def _torch_cuda():
+    import torch
+    return torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("routing", ["plain", "aligned"])
+def test_gpu_matches_reference(dtype, routing):
+    torch = _torch_cuda()
+    x, A, B, topk, slot, ranks, scales = make(T=33, k=8, S=4, E=16, r_max=32, K=520, N=264,
+                                               dtype=np.float32)
+    tdt = getattr(torch, dtype)
+    dev = "cuda"
+    xc, Ac, Bc = (torch.from_numpy(a).to(dev, tdt) for a in (x, A, B))
+    kw = dict(ranks=torch.from_numpy(ranks).to(dev))
+    k = topk.shape[1]
+    if routing == "plain":
+        args = (torch.from_numpy(topk).to(dev), torch.from_numpy(slot).to(dev))
+    else:
+        srt, eids, ntpp = align(topk, slot, 4, 16, 16)
+        args = ()
+        kw.update(sorted_token_ids=torch.from_numpy(srt).to(dev),
+                  expert_ids=torch.from_numpy(eids).to(dev),
+                  num_tokens_post_pad=torch.from_numpy(ntpp).to(dev), block_size=16, top_k=k)
+    t = molora.lora_shrink(xc, Ac, *args, **kw)
+    want_t = ref_shrink(xc.float().cpu().numpy(), Ac.float().cpu().numpy(), topk, slot, ranks)
+    tol = 1e-2 if dtype == "bfloat16" else 2e-3
+    tt = t.float().cpu().numpy()
+    mask = np.zeros_like(tt, bool)
+    for p in range(tt.shape[0]):
+        if slot[p // k] >= 0:
+            mask[p, :ranks[slot[p // k]]] = True
+    assert np.abs(tt - want_t)[mask].max() <= tol * np.abs(want_t).max()
+    y0 = torch.randn(t.shape[0], B.shape[2], device=dev).to(tdt)
+    y = molora.lora_expand(t, Bc, y0.clone(), *args, scales=torch.from_numpy(scales).to(dev),
+                           **kw)
+    want = ref_expand(t.float().cpu().numpy(), Bc.float().cpu().numpy(),
+                      y0.float().cpu().numpy(), topk, slot, ranks, scales)
+    got = y.float().cpu().numpy()
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()
+    y_again = molora.lora_expand(t, Bc, y0.clone(), *args,
+                                 scales=torch.from_numpy(scales).to(dev), **kw)
+    assert torch.equal(y, y_again)  # deterministic
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_mixed_devices_and_dtypes():
+    torch = _torch_cuda()
+    x, A, B, topk, slot, ranks, scales = make()
+    xc = torch.from_numpy(x).cuda()
+    Ac = torch.from_numpy(A).cuda()
+    with pytest.raises(ValueError, match="topk_ids"):
+        molora.lora_shrink(xc, Ac, torch.from_numpy(topk), torch.from_numpy(slot).cuda(),
+                           ranks=torch.from_numpy(ranks).cuda())
+    with pytest.raises(TypeError, match="A"):
+        molora.lora_shrink(xc, Ac.to(torch.bfloat16), torch.from_numpy(topk).cuda(),
+                           torch.from_numpy(slot).cuda(), ranks=torch.from_numpy(ranks).cuda())
