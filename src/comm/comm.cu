@@ -1,0 +1,335 @@
+// The P2P all-reduce kernels: one-shot and two-shot, bounded waits, device-side epochs.
+// Protocol and memory orders: docs/comm.md and models/allreduce.pml.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "comm/kernels.h"
+#include "core/cuda_util.h"
+
+namespace molora::comm {
+namespace {
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+template <typename T>
+__device__ __forceinline__ T ld_volatile(const T* p) {
+  return *const_cast<const volatile T*>(p);
+}
+
+template <typename T>
+struct Cvt;
+template <>
+struct Cvt<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(uint32_t h) { return __uint_as_float(h << 16); }
+  static __device__ __forceinline__ uint32_t from(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+};
+template <>
+struct Cvt<__half> {
+  static __device__ __forceinline__ float to(uint32_t h) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+  static __device__ __forceinline__ uint32_t from(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+};
+
+// acc[8] += the 8 16-bit values of x.
+template <typename T>
+__device__ __forceinline__ void add8(float* acc, uint4 x) {
+  uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] += Cvt<T>::to(w[i] & 0xffffu);
+    acc[2 * i + 1] += Cvt<T>::to(w[i] >> 16);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float* acc) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = Cvt<T>::from(acc[2 * i]) | (Cvt<T>::from(acc[2 * i + 1]) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Records this rank's first error (device word + host mirror) and tells every peer.
+__device__ void raise_error(const RankArgs& ra, int world, uint32_t code, uint32_t peer,
+                            uint32_t epoch, uint32_t detail) {
+  Header* hdr = ra.peer_hdr[ra.rank];
+  if (atomicCAS(&hdr->error_code, 0u, code) != 0u) return;
+  *const_cast<volatile uint32_t*>(&hdr->error_peer) = peer;
+  *const_cast<volatile uint32_t*>(&hdr->error_epoch) = epoch;
+  *const_cast<volatile uint32_t*>(&hdr->error_detail) = detail;
+  volatile ErrorMirror* m = ra.mirror;
+  m->peer = peer;
+  m->epoch = epoch;
+  m->detail = detail;
+  __threadfence_system();
+  m->code = code;
+  __threadfence_system();
+  if (code == kErrPeerAbort) return;  // the peer that failed has told everyone
+  for (int k = 0; k < world; ++k)
+    if (k != ra.rank) st_release_sys(&ra.peer_hdr[k]->abort_word, pack_abort(code, ra.rank, epoch));
+}
+
+// Spins until flag's epoch >= epoch. Returns kErrNone, kErrMismatch (same epoch, other hash,
+// when check_hash), kErrTimeout (deadline passed) or kErrPeerAbort (a peer or another CTA of
+// this rank failed). *seen = the last flag value read.
+__device__ uint32_t wait_flag(const uint64_t* flag, uint32_t epoch, uint32_t hash, bool check_hash,
+                              const Header* hdr, uint64_t deadline, uint64_t* seen) {
+  for (uint32_t spin = 1;; ++spin) {
+    uint64_t f = ld_acquire_sys(flag);
+    *seen = f;
+    if (epoch_ge(flag_epoch(f), epoch)) {
+      if (check_hash && flag_epoch(f) == epoch && flag_hash(f) != hash) return kErrMismatch;
+      return kErrNone;
+    }
+    if ((spin & 31u) == 0) {
+      if (ld_volatile(&hdr->abort_word) != 0 || ld_volatile(&hdr->error_code) != 0)
+        return kErrPeerAbort;
+      if (globaltimer() > deadline) return kErrTimeout;
+    }
+  }
+}
+
+// Threads 0..world-1 (not this rank) wait on flags[t] (stride in uint64_t); the CTA agrees on
+// the outcome. Returns true when the CTA must stop.
+__device__ bool cta_wait(const RankArgs& ra, int world, const uint64_t* flags, size_t stride,
+                         uint32_t epoch, uint32_t hash, bool check_hash, uint64_t deadline,
+                         uint32_t* s_err) {
+  const int t = threadIdx.x;
+  const Header* hdr = ra.peer_hdr[ra.rank];
+  if (t < world && t != ra.rank) {
+    uint64_t seen = 0;
+    uint32_t err = wait_flag(flags + t * stride, epoch, hash, check_hash, hdr, deadline, &seen);
+    if (err != kErrNone) {
+      atomicOr(s_err, 1u);
+      uint32_t detail = err == kErrMismatch ? flag_hash(seen) : blockIdx.x;
+      if (err == kErrPeerAbort) {
+        uint64_t ab = ld_volatile(&hdr->abort_word);
+        if (ab != 0)
+          raise_error(ra, world, kErrPeerAbort, static_cast<uint32_t>(ab >> 48) & 0xff, epoch,
+                      static_cast<uint32_t>(ab >> 56));
+      } else {
+        raise_error(ra, world, err, t, epoch, detail);
+      }
+    }
+  }
+  __syncthreads();
+  return *s_err != 0;
+}
+
+template <typename T, bool kTwoShot>
+__global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a) {
+  const RankArgs& ra = a.ranks[blockIdx.y];
+  const int me = ra.rank, world = a.world, t = threadIdx.x;
+  const uint64_t b = blockIdx.x, grid = gridDim.x;
+  Header* hdr = ra.peer_hdr[me];
+  __shared__ uint32_t s_err;
+  __shared__ uint32_t s_epoch;
+  if (t == 0) {
+    uint64_t ab = ld_volatile(&hdr->abort_word);
+    s_err = (ld_volatile(&hdr->error_code) != 0 || ab != 0) ? 1u : 0u;
+    s_epoch = static_cast<uint32_t>(ld_volatile(&hdr->epoch)) + 1u;
+    if (ab != 0 && ld_volatile(&hdr->error_code) == 0)
+      raise_error(ra, world, kErrPeerAbort, static_cast<uint32_t>(ab >> 48) & 0xff, s_epoch,
+                  static_cast<uint32_t>(ab >> 56));
+  }
+  __syncthreads();
+  if (s_err) return;  // this communicator has failed: the host falls back
+  const uint32_t e = s_epoch;
+  const uint64_t deadline = globaltimer() + a.timeout_ns;
+  const uint64_t flag = pack_flag(e, a.hash);
+  const uint4* in = static_cast<const uint4*>(ra.in);
+  uint4* out = static_cast<uint4*>(ra.out);
+  const uint64_t slot_vec = a.slot_bytes / kVec;
+  auto slot = [&](int owner, int src) {  // owner's staging slot of (e, src)
+    return reinterpret_cast<uint4*>(ra.peer_data[owner]) + slot_index(e, world, src) * slot_vec;
+  };
+
+  // 1. Every peer finished reading the slots of epoch e-2 (the end flag): safe to overwrite.
+  if (cta_wait(ra, world, hdr->done, 1, e - 2u, 0, false, deadline, &s_err)) return;
+
+  if (!kTwoShot) {
+    uint64_t vb, ve;
+    split(a.nvec, grid, b, &vb, &ve);
+    // 2. Push this rank's partial into every peer's slot (e, me).
+    for (uint64_t v = vb + t; v < ve; v += kThreads) {
+      uint4 x = in[v];
+      for (int k = 0; k < world; ++k)
+        if (k != me) slot(k, me)[v] = x;
+    }
+    __syncthreads();
+    // 3. Release flag to every peer; wait for every peer's flag of epoch e.
+    if (t < world && t != me) st_release_sys(&ra.peer_hdr[t]->arrive[0][b][me], flag);
+    if (cta_wait(ra, world, &hdr->arrive[0][b][0], 1, e, a.hash, true, deadline, &s_err)) return;
+    // 4. Sum in rank order in fp32, round once.
+    for (uint64_t v = vb + t; v < ve; v += kThreads) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < world; ++k) add8<T>(acc, k == me ? in[v] : __ldcg(slot(me, k) + v));
+      out[v] = pack8<T>(acc);
+    }
+  } else {
+    uint64_t cb[kMaxWorld], sb[kMaxWorld], se[kMaxWorld];
+    for (int j = 0; j < world; ++j) {
+      uint64_t ce, lo, hi;
+      split(a.nvec, world, j, &cb[j], &ce);
+      split(ce - cb[j], grid, b, &lo, &hi);
+      sb[j] = cb[j] + lo;
+      se[j] = cb[j] + hi;
+    }
+    // 2. Reduce-scatter: chunk j of this rank's partial goes to rank j's slot (e, me).
+    for (int j = 0; j < world; ++j) {
+      if (j == me) continue;
+      uint4* dst = slot(j, me);
+      for (uint64_t v = sb[j] + t; v < se[j]; v += kThreads) dst[v] = in[v];
+    }
+    __syncthreads();
+    if (t < world && t != me) st_release_sys(&ra.peer_hdr[t]->arrive[0][b][me], flag);
+    if (cta_wait(ra, world, &hdr->arrive[0][b][0], 1, e, a.hash, true, deadline, &s_err)) return;
+    // 3. Sum chunk `me` in rank order; the result goes to out and to every peer's slot (e, me).
+    for (uint64_t v = sb[me] + t; v < se[me]; v += kThreads) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < world; ++k) add8<T>(acc, k == me ? in[v] : __ldcg(slot(me, k) + v));
+      uint4 r = pack8<T>(acc);
+      for (int k = 0; k < world; ++k)
+        if (k != me) slot(k, me)[v] = r;
+      out[v] = r;
+    }
+    __syncthreads();
+    // 4. All-gather: wait for every peer's reduced chunk, copy it out.
+    if (t < world && t != me) st_release_sys(&ra.peer_hdr[t]->arrive[1][b][me], flag);
+    if (cta_wait(ra, world, &hdr->arrive[1][b][0], 1, e, a.hash, true, deadline, &s_err)) return;
+    for (int k = 0; k < world; ++k) {
+      if (k == me) continue;
+      const uint4* src = slot(me, k);
+      for (uint64_t v = sb[k] + t; v < se[k]; v += kThreads) out[v] = __ldcg(src + v);
+    }
+  }
+
+  // 5. Exit: the last CTA advances the device epoch and stores the end flag into every peer.
+  __syncthreads();
+  if (t == 0) {
+    __threadfence_system();
+    uint32_t prev = atomicAdd(&hdr->exit_count, 1u);
+    if (prev == grid - 1) {
+      __threadfence_system();
+      *const_cast<volatile uint32_t*>(&hdr->exit_count) = 0u;
+      *const_cast<volatile uint64_t*>(&hdr->epoch) = e;
+      for (int k = 0; k < world; ++k)
+        if (k != me) st_release_sys(&ra.peer_hdr[k]->done[me], pack_flag(e, 0));
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    molora_residual_rmsnorm_kernel(const uint16_t* sum, uint16_t* residual, const uint16_t* weight,
+                                   uint16_t* out, int64_t hidden, float eps) {
+  const int64_t row = blockIdx.x;
+  const uint16_t* s = sum + row * hidden;
+  uint16_t* res = residual + row * hidden;
+  uint16_t* o = out + row * hidden;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+    float r = Cvt<T>::to(Cvt<T>::from(Cvt<T>::to(s[j]) + Cvt<T>::to(res[j])));
+    res[j] = static_cast<uint16_t>(Cvt<T>::from(r));
+    ss += r * r;
+  }
+  __shared__ float red[kThreads / 32];
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  __shared__ float s_inv;
+  if (threadIdx.x == 0) {
+    float tot = 0.0f;
+    for (int i = 0; i < kThreads / 32; ++i) tot += red[i];
+    s_inv = rsqrtf(tot / static_cast<float>(hidden) + eps);
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+    o[j] = static_cast<uint16_t>(Cvt<T>::from(Cvt<T>::to(res[j]) * s_inv * Cvt<T>::to(weight[j])));
+}
+
+__global__ void molora_probe_wait(volatile uint32_t* flag, uint64_t timeout_ns, uint32_t* ok) {
+  uint64_t end = globaltimer() + timeout_ns;
+  while (*flag == 0 && globaltimer() < end) {
+  }
+  *ok = *flag;
+}
+__global__ void molora_probe_set(volatile uint32_t* flag) { *flag = 1; }
+
+using AllReduceFn = void (*)(LaunchArgs);
+// [dtype f16/bf16][two_shot]
+const AllReduceFn kAllReduce[2][2] = {
+    {molora_allreduce_kernel<__half, false>, molora_allreduce_kernel<__half, true>},
+    {molora_allreduce_kernel<__nv_bfloat16, false>, molora_allreduce_kernel<__nv_bfloat16, true>},
+};
+
+}  // namespace
+
+Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtype, bool two_shot,
+                         cudaStream_t stream) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16)
+    return Status::InvalidArgument("all-reduce kernel: dtype must be bf16 or f16");
+  if (grid_x < 1 || grid_x > kMaxBlocks || grid_y < 1 || grid_y > kMaxWorld)
+    return Status::Internal("all-reduce kernel: bad grid");
+  AllReduceFn fn = kAllReduce[dtype == DType::kBF16 ? 1 : 0][two_shot ? 1 : 0];
+  fn<<<dim3(grid_x, grid_y), kThreads, 0, stream>>>(a);
+  MOLORA_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status launch_residual_rmsnorm(const void* sum, void* residual, const void* weight, void* out,
+                               int64_t rows, int64_t hidden, float eps, DType dtype,
+                               cudaStream_t stream) {
+  if (rows == 0) return Status::Ok();
+  auto* s = static_cast<const uint16_t*>(sum);
+  auto* r = static_cast<uint16_t*>(residual);
+  auto* w = static_cast<const uint16_t*>(weight);
+  auto* o = static_cast<uint16_t*>(out);
+  if (dtype == DType::kBF16)
+    molora_residual_rmsnorm_kernel<__nv_bfloat16>
+        <<<rows, kThreads, 0, stream>>>(s, r, w, o, hidden, eps);
+  else
+    molora_residual_rmsnorm_kernel<__half><<<rows, kThreads, 0, stream>>>(s, r, w, o, hidden, eps);
+  MOLORA_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status probe_concurrent_streams(int device, bool* concurrent) {
+  MOLORA_CUDA_CHECK(cudaSetDevice(device));
+  uint32_t* mem = nullptr;
+  MOLORA_CUDA_CHECK(cudaMalloc(&mem, 2 * sizeof(uint32_t)));
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  cudaMemset(mem, 0, 2 * sizeof(uint32_t));
+  cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  cudaDeviceSynchronize();
+  molora_probe_wait<<<1, 1, 0, s1>>>(mem, 200ull * 1000 * 1000, mem + 1);
+  molora_probe_set<<<1, 1, 0, s2>>>(mem);
+  cudaError_t err = cudaDeviceSynchronize();
+  uint32_t ok = 0;
+  if (err == cudaSuccess) err = cudaMemcpy(&ok, mem + 1, sizeof(ok), cudaMemcpyDeviceToHost);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  cudaFree(mem);
+  MOLORA_CUDA_CHECK(err);
+  *concurrent = ok != 0;
+  return Status::Ok();
+}
+
+}  // namespace molora::comm
