@@ -1,0 +1,30 @@
+# prof: reader, classification, analyses, reports (host only), and the CLI's exit codes.
+find_package(ZLIB REQUIRED)
+molora_add_test(prof_test SOURCES prof_test.cc prof_reader_test.cc LIBS molora_prof ZLIB::ZLIB)
+
+if(MOLORA_BUILD_CLI)
+  set(_trace ${CMAKE_CURRENT_SOURCE_DIR}/data/h200_decode.pt.trace.json.gz)
+  if(EXISTS ${_trace})
+    add_test(NAME prof_cli_summary_real COMMAND molora_cli prof summary --json ${_trace})
+    set_tests_properties(prof_cli_summary_real PROPERTIES
+      PASS_REGULAR_EXPRESSION "\"schema\": \"molora.prof.summary/1\"")
+    add_test(NAME prof_cli_steps_real COMMAND molora_cli prof steps ${_trace})
+    set_tests_properties(prof_cli_summary_real prof_cli_steps_real PROPERTIES LABELS cpu)
+  endif()
+  add_test(NAME prof_cli_missing_file_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=prof;summary;/no/such/trace.json"
+            -DEXPECT=2 -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  add_test(NAME prof_cli_no_subcommand_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=prof" -DEXPECT=2
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  add_test(NAME prof_cli_malformed_exits_3
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
+            "-DARGS=prof;summary;${CMAKE_CURRENT_SOURCE_DIR}/data/prof_malformed.json" -DEXPECT=3
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  add_test(NAME prof_cli_truncated_exits_3
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
+            "-DARGS=prof;summary;${CMAKE_CURRENT_SOURCE_DIR}/data/prof_truncated.json" -DEXPECT=3
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  set_tests_properties(prof_cli_missing_file_exits_2 prof_cli_no_subcommand_exits_2
+    prof_cli_malformed_exits_3 prof_cli_truncated_exits_3 PROPERTIES LABELS cpu)
+endif()
