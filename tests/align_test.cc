@@ -1,0 +1,85 @@
+// The align contract against the CPU reference (label cpu).
+#include <cstring>
+
+#include "align_contract.h"
+
+namespace molora::align_test {
+
+struct CpuBackend {
+  static Status available() { return Status::Ok(); }
+  static AlignRun run(const AlignCase& c, const std::function<void(AlignArgs&)>& tweak) {
+    AlignSizes sz = sizes_of(c);
+    AlignRun r;
+    r.sorted_len = sz.sorted_token_ids;
+    r.expert_len = sz.expert_ids;
+    r.sorted.assign(sz.sorted_token_ids + kGuard, kPoison);
+    r.expert_ids.assign(sz.expert_ids + kGuard, kPoison);
+    r.post_pad.assign(1 + kGuard, kPoison);
+    r.dropped.assign(2 + kGuard, kPoison);
+    std::vector<int32_t> ids32 = ids_i32(c);
+    AlignArgs a;
+    a.topk_ids = c.dtype == DType::kI64 ? static_cast<const void*>(c.ids.data())
+                                        : static_cast<const void*>(ids32.data());
+    a.topk_dtype = c.dtype;
+    a.num_tokens = c.T, a.topk = c.k, a.num_experts = c.V, a.block_size = c.B;
+    if (c.has_slots) a.slot_ids = c.slots.data(), a.num_base_experts = c.E;
+    a.sorted_token_ids = r.sorted.data(), a.sorted_token_ids_len = sz.sorted_token_ids;
+    a.expert_ids = r.expert_ids.data(), a.expert_ids_len = sz.expert_ids;
+    a.num_tokens_post_pad = r.post_pad.data();
+    a.num_dropped = r.dropped.data();
+    if (tweak) tweak(a);
+    r.status = moe_align_block_size_cpu(a);
+    return r;
+  }
+  static void extra_rejections(const AlignCase&) {}
+};
+
+INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, AlignContract, CpuBackend);
+
+TEST(AlignSizes, LayoutOfTheFusedMoeFamily) {
+  AlignSizes s;
+  ASSERT_TRUE(moe_align_sizes(256, 8, 8192, 64, &s).ok());
+  EXPECT_EQ(s.sorted_token_ids, 256 * 8 + 8192 * 63);
+  EXPECT_EQ(s.expert_ids, cdiv(256 * 8 + 8192 * 63, 64));
+  EXPECT_EQ(s.num_tokens_post_pad, 1);
+  EXPECT_EQ(s.num_dropped, 2);
+  EXPECT_GE(s.workspace_bytes, (256 * 8 + 8192) * sizeof(int32_t));
+  EXPECT_EQ(s.workspace_bytes % 16, 0u);
+  ASSERT_TRUE(moe_align_sizes(0, 1, 1, 16, &s).ok());
+  EXPECT_EQ(s.sorted_token_ids, 15);
+  EXPECT_EQ(s.expert_ids, 1);
+  EXPECT_FALSE(moe_align_sizes(1, 1, 1, 16, nullptr).ok());
+}
+
+TEST(AlignCpu, ReferenceOrderIsAscendingFlatIndexPerBucket) {
+  // Hand-checked: T=3, k=2, ids [[2,0],[2,2],[0,1]], V=3, B=16.
+  int32_t ids[6] = {2, 0, 2, 2, 0, 1};
+  AlignSizes sz;
+  ASSERT_TRUE(moe_align_sizes(3, 2, 3, 16, &sz).ok());
+  std::vector<int32_t> sorted(sz.sorted_token_ids), eids(sz.expert_ids);
+  int32_t post = -1, dropped[2] = {-1, -1};
+  AlignArgs a;
+  a.topk_ids = ids, a.num_tokens = 3, a.topk = 2, a.num_experts = 3, a.block_size = 16;
+  a.sorted_token_ids = sorted.data(), a.sorted_token_ids_len = sz.sorted_token_ids;
+  a.expert_ids = eids.data(), a.expert_ids_len = sz.expert_ids;
+  a.num_tokens_post_pad = &post, a.num_dropped = dropped;
+  ASSERT_TRUE(moe_align_block_size_cpu(a).ok());
+  EXPECT_EQ(post, 48);
+  EXPECT_EQ(sorted[0], 1);
+  EXPECT_EQ(sorted[1], 4);
+  EXPECT_EQ(sorted[2], 6);
+  EXPECT_EQ(sorted[16], 5);
+  EXPECT_EQ(sorted[17], 6);
+  EXPECT_EQ(sorted[32], 0);
+  EXPECT_EQ(sorted[33], 2);
+  EXPECT_EQ(sorted[34], 3);
+  EXPECT_EQ(sorted[35], 6);
+  EXPECT_EQ(eids[0], 0);
+  EXPECT_EQ(eids[1], 1);
+  EXPECT_EQ(eids[2], 2);
+  for (size_t b = 3; b < eids.size(); ++b) EXPECT_EQ(eids[b], -1);
+  EXPECT_EQ(dropped[0], 0);
+  EXPECT_EQ(dropped[1], 0);
+}
+
+}  // namespace molora::align_test
