@@ -7,54 +7,22 @@
 #include <sstream>
 
 #include "molora/prof.h"
+#include "prof/text.h"
 
 namespace molora::prof {
 namespace {
 
 using nlohmann::ordered_json;
 
-std::string fmt(double v, int prec = 1) {
-  char b[64];
-  std::snprintf(b, sizeof(b), "%.*f", prec, v);
-  return b;
-}
 std::string sgn(double v, int prec = 1) { return (v > 0 ? "+" : "") + fmt(v, prec); }
 std::string rel(double a, double b) {
   return a > 0 ? sgn(100.0 * (b - a) / a) + "%" : (b > 0 ? "new" : "0");
 }
 
-std::string table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> w;
-  for (auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], r[i].size());
-    }
-  std::string o;
-  for (auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      std::string pad(w[i] - r[i].size(), ' ');
-      line += i == 0 ? r[i] + pad : pad + r[i];
-      if (i + 1 < r.size()) line += "  ";
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    o += line + "\n";
-  }
-  return o;
-}
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += (c == '"') ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
+std::string table(const std::vector<std::vector<std::string>>& rows) { return format_table(rows); }
 std::string csv(const std::vector<std::vector<std::string>>& rows) {
   std::string o;
-  for (auto& r : rows) {
-    for (size_t i = 0; i < r.size(); ++i) o += (i ? "," : "") + csv_field(r[i]);
-    o += "\n";
-  }
+  for (auto& r : rows) o += csv_row(r);
   return o;
 }
 

@@ -8,17 +8,13 @@
 #include <sstream>
 
 #include "molora/prof.h"
+#include "prof/text.h"
 
 namespace molora::prof {
 namespace {
 
 using nlohmann::ordered_json;
 
-std::string fmt(double v, int prec = 1) {
-  char b[64];
-  std::snprintf(b, sizeof(b), "%.*f", prec, v);
-  return b;
-}
 std::string pct(double share) { return fmt(100.0 * share, 1) + "%"; }
 
 // Text table: first column left-aligned, the rest right-aligned.
@@ -26,27 +22,7 @@ class Table {
  public:
   explicit Table(std::vector<std::string> head) { rows_.push_back(std::move(head)); }
   void add(std::vector<std::string> r) { rows_.push_back(std::move(r)); }
-  std::string str() const {
-    std::vector<size_t> w;
-    for (auto& r : rows_)
-      for (size_t i = 0; i < r.size(); ++i) {
-        if (w.size() <= i) w.push_back(0);
-        w[i] = std::max(w[i], r[i].size());
-      }
-    std::ostringstream o;
-    for (size_t ri = 0; ri < rows_.size(); ++ri) {
-      const auto& r = rows_[ri];
-      std::string line;
-      for (size_t i = 0; i < r.size(); ++i) {
-        std::string pad(w[i] - r[i].size(), ' ');
-        line += (i == 0 || left_.count(i)) ? r[i] + pad : pad + r[i];
-        if (i + 1 < r.size()) line += "  ";
-      }
-      while (!line.empty() && line.back() == ' ') line.pop_back();
-      o << line << "\n";
-    }
-    return o.str();
-  }
+  std::string str() const { return format_table(rows_, left_); }
   void left(size_t col) { left_.insert(col); }
 
  private:
@@ -54,17 +30,6 @@ class Table {
   std::set<size_t> left_;
 };
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += (c == '"') ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
-std::string csv_row(const std::vector<std::string>& r) {
-  std::string o;
-  for (size_t i = 0; i < r.size(); ++i) o += (i ? "," : "") + csv_field(r[i]);
-  return o + "\n";
-}
 std::string trunc(const std::string& s, size_t n) {
   return s.size() <= n ? s : s.substr(0, n - 3) + "...";
 }
