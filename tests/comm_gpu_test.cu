@@ -79,17 +79,44 @@ float bf16_host(uint16_t h) {
   return f;
 }
 
+// True when compute-sanitizer has injected itself into this process (it serialises kernels of
+// different streams, so ranks as streams cannot meet there).
+bool under_sanitizer() {
+  static int cached = -1;
+  if (cached < 0) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    cached = 0;
+    while (std::getline(maps, line))
+      if (line.find("sanitizer") != std::string::npos ||
+          line.find("TreeLauncherTargetInjection") != std::string::npos)
+        cached = 1;
+  }
+  return cached == 1;
+}
+// Whether two kernels on two streams run at the same time here. Outside compute-sanitizer a
+// "no" is a failure, never a skip: the multi-stream tests are the point of this suite.
 bool concurrent_streams() {
   static int cached = -1;
   if (cached < 0) {
     bool ok = false;
-    cached = comm::probe_concurrent_streams(0, &ok).ok() && ok ? 1 : 0;
-    if (!cached)
-      std::printf("kernels on two streams do not run concurrently (compute-sanitizer?)\n");
+    Status s = comm::probe_concurrent_streams(0, &ok);
+    cached = s.ok() && ok ? 1 : 0;
+    std::printf("concurrent-streams probe: %s (%s)%s\n", cached ? "concurrent" : "serialised",
+                s.to_string().c_str(), under_sanitizer() ? ", under compute-sanitizer" : "");
   }
   return cached == 1;
 }
-bool under_tool() { return !concurrent_streams(); }
+bool under_tool() { return under_sanitizer(); }
+// Skips (under compute-sanitizer) or fails (anywhere else) when ranks as streams cannot meet.
+#define REQUIRE_CONCURRENT_STREAMS()                                                    \
+  do {                                                                                  \
+    if (under_sanitizer())                                                              \
+      GTEST_SKIP() << "compute-sanitizer serialises kernels of different streams; "     \
+                      "LocalGroupLaunchExact covers the kernels there";                 \
+    ASSERT_TRUE(concurrent_streams()) << "kernels on two streams did not run together " \
+                                         "outside compute-sanitizer";                   \
+  } while (0)
 int epochs_for(int n) {
   if (const char* e = std::getenv("MOLORA_TEST_COMM_EPOCHS")) return std::atoi(e);
   return under_tool() ? std::max(4, n / 500) : n;
@@ -110,6 +137,11 @@ struct Group {
   uint64_t cap;
 
   Group(int w, uint64_t cap_elems, long long timeout_ms = 2000) : world(w), cap(cap_elems) {
+    // Load the test's own kernels before any rank spins (lazy loading may wait for the context
+    // to go idle at a kernel's first launch; the library preloads its kernels likewise).
+    cudaFuncAttributes fa;
+    cudaFuncGetAttributes(&fa, fill_kernel);
+    cudaFuncGetAttributes(&fa, verify_kernel);
     CommOptions o;
     o.max_bytes = cap_elems * 2;
     o.timeout_ms = timeout_ms;
@@ -209,9 +241,7 @@ class CommWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(CommWorld, EagerExactManyEpochs) {
   MOLORA_SKIP_WITHOUT_GPU();
-  if (!concurrent_streams())
-    GTEST_SKIP() << "kernels on separate streams are serialised here "
-                    "(compute-sanitizer); LocalGroupLaunch covers the kernels";
+  REQUIRE_CONCURRENT_STREAMS();
   const int w = GetParam();
   Group g(w, 1u << 20);
   const int epochs = epochs_for(10000);
@@ -241,7 +271,7 @@ TEST_P(CommWorld, EagerExactManyEpochs) {
 
 TEST_P(CommWorld, GraphsOfTwoSizesReplayedInterleaved) {
   MOLORA_SKIP_WITHOUT_GPU();
-  if (!concurrent_streams()) GTEST_SKIP() << "kernels on separate streams are serialised here";
+  REQUIRE_CONCURRENT_STREAMS();
   const int w = GetParam();
   Group g(w, 1u << 20);
   const uint64_t na = 4096, nb = 1u << 19;  // one-shot and two-shot
@@ -329,8 +359,9 @@ TEST(CommFault, StoppedRankTimesOutWithinDeadline) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("stopped rank: kernel returned after %.1f ms (deadline %lld ms)\n", ms, deadline_ms);
   EXPECT_GE(ms, deadline_ms * 0.99);
-  // Under compute-sanitizer the host sees the kernel's end late; the device deadline still holds.
-  EXPECT_LE(ms, deadline_ms * (under_tool() ? 3.0 : 1.10));
+  // Under compute-sanitizer the host sees the kernel's end late (instrumentation); the device
+  // deadline still holds, and the timing bounds are checked in the plain run only.
+  if (!under_tool()) EXPECT_LE(ms, deadline_ms * 1.10);
   Status s = g.comms[0]->check();
   EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.to_string();
   EXPECT_NE(s.message().find("epoch 1"), std::string::npos) << s.message();
@@ -345,13 +376,14 @@ TEST(CommFault, StoppedRankTimesOutWithinDeadline) {
   EXPECT_TRUE(s3.ok()) << s3.to_string();
   CK(cudaStreamSynchronize(g.streams[1]));
   ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(ms, 50.0);
+  std::printf("late rank: returned after %.1f ms\n", ms);
+  if (!under_tool()) EXPECT_LT(ms, 50.0);
   EXPECT_EQ(g.comms[1]->check().code(), StatusCode::kTimeout);
 }
 
 TEST(CommFault, MismatchedOrderReported) {
   MOLORA_SKIP_WITHOUT_GPU();
-  if (!concurrent_streams()) GTEST_SKIP() << "kernels on separate streams are serialised here";
+  REQUIRE_CONCURRENT_STREAMS();
   Group g(2, 1u << 16, 2000);
   g.fill(1u << 16, 3, true);
   cudaDeviceSynchronize();
@@ -399,56 +431,88 @@ TEST(CommFallbacks, CountedPerReason) {
   EXPECT_EQ(st.p2p_calls, 0u);
 }
 
-TEST(CommFused, ResidualRmsnormMatchesReference) {
+// The fused variant on every rank: residual bit-exact against the CPU reference, out the same
+// bits on every rank and within one ulp of the reference (the row's sum of squares is a tree on
+// the GPU), and the one-kernel path (one-shot) bit-identical to the two-kernel path (two-shot).
+class CommFusedWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommFusedWorld, ResidualRmsnormMatchesReference) {
   MOLORA_SKIP_WITHOUT_GPU();
-  if (!concurrent_streams()) GTEST_SKIP() << "kernels on separate streams are serialised here";
-  const int w = 4;
-  const int64_t hidden = 2048, rows = 8, n = hidden * rows;
-  Group g(w, n);
-  g.fill(n, 11, true);
+  REQUIRE_CONCURRENT_STREAMS();
+  const int w = GetParam();
+  const int64_t hidden = 2048, max_rows = 9;
+  Group g(w, hidden * max_rows);
   std::vector<uint16_t*> res(w);
   uint16_t* weight = nullptr;
-  std::vector<uint16_t> hres(n), hw(hidden);
-  for (int64_t i = 0; i < n; ++i) hres[i] = gen_bits(99, 0, i, true);
-  for (int64_t j = 0; j < hidden; ++j) hw[j] = gen_bits(77, 0, j, true) & 0x7fff;
   cudaMalloc(&weight, hidden * 2);
-  cudaMemcpy(weight, hw.data(), hidden * 2, cudaMemcpyHostToDevice);
-  for (int r = 0; r < w; ++r) {
-    cudaMalloc(&res[r], n * 2);
-    cudaMemcpy(res[r], hres.data(), n * 2, cudaMemcpyHostToDevice);
-  }
-  cudaDeviceSynchronize();
-  for (int r = 0; r < w; ++r)
-    OK(g.comms[r]->all_reduce_residual_rmsnorm(g.in[r], res[r], weight, g.out[r], n, hidden, 1e-6f,
-                                               DType::kBF16, g.streams[r]));
-  CK(cudaDeviceSynchronize());
-  std::vector<std::vector<uint16_t>> hin(w, std::vector<uint16_t>(n));
-  std::vector<const void*> ptrs;
-  for (int r = 0; r < w; ++r) {
-    cudaMemcpy(hin[r].data(), g.in[r], n * 2, cudaMemcpyDeviceToHost);
-    ptrs.push_back(hin[r].data());
-  }
-  std::vector<uint16_t> ref_out(n), got(n), got_res(n);
-  std::vector<uint16_t> ref_res = hres;
-  OK(all_reduce_residual_rmsnorm_reference(ptrs.data(), w, ref_res.data(), hw.data(),
-                                           ref_out.data(), n, hidden, 1e-6f, DType::kBF16));
-  std::vector<uint16_t> out0;
-  for (int r = 0; r < w; ++r) {
-    cudaMemcpy(got.data(), g.out[r], n * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(got_res.data(), res[r], n * 2, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(got_res, ref_res) << "residual, rank " << r;  // exact
-    if (r == 0) out0 = got;
-    EXPECT_EQ(got, out0) << "ranks must agree bit for bit";
-    int64_t far = 0;  // the row sum of squares is a tree on the GPU: allow one bf16 ulp
-    for (int64_t i = 0; i < n; ++i) {
-      float a = bf16_host(got[i]), b = bf16_host(ref_out[i]);
-      if (std::fabs(a - b) > std::fabs(b) * (1.0f / 64) + 1e-6f) ++far;
+  for (int r = 0; r < w; ++r) cudaMalloc(&res[r], hidden * max_rows * 2);
+  const uint32_t seed = std::random_device{}();
+  std::printf("world %d seed %u\n", w, seed);
+  const int epochs = under_tool() ? 4 : 60;
+  for (int e = 0; e < epochs; ++e) {
+    const int64_t rows = 1 + e % max_rows, n = hidden * rows;
+    const bool two = e % 2 == 1;  // two-shot: the all-reduce, then the norm kernel
+    for (auto& c : g.comms) c->set_algo(two ? CommAlgo::kTwoShot : CommAlgo::kOneShot);
+    g.fill(n, seed + e, true);
+    std::vector<uint16_t> hres(n), hw(hidden);
+    for (int64_t i = 0; i < n; ++i) hres[i] = gen_bits(seed ^ 99, e, i, true);
+    for (int64_t j = 0; j < hidden; ++j) hw[j] = gen_bits(seed ^ 77, e, j, true) & 0x7fff;
+    cudaMemcpy(weight, hw.data(), hidden * 2, cudaMemcpyHostToDevice);
+    for (int r = 0; r < w; ++r) cudaMemcpy(res[r], hres.data(), n * 2, cudaMemcpyHostToDevice);
+    CK(cudaDeviceSynchronize());
+    g.fork();
+    for (int r = 0; r < w; ++r)
+      OK(g.comms[r]->all_reduce_residual_rmsnorm(g.in[r], res[r], weight, g.out[r], n, hidden,
+                                                 1e-6f, DType::kBF16, g.streams[r]));
+    g.join();
+    CK(cudaDeviceSynchronize());
+    std::vector<std::vector<uint16_t>> hin(w, std::vector<uint16_t>(n));
+    std::vector<const void*> ptrs;
+    for (int r = 0; r < w; ++r) {
+      cudaMemcpy(hin[r].data(), g.in[r], n * 2, cudaMemcpyDeviceToHost);
+      ptrs.push_back(hin[r].data());
     }
-    EXPECT_EQ(far, 0) << "rank " << r;
+    std::vector<uint16_t> ref_out(n), got(n), got_res(n), out0;
+    std::vector<uint16_t> ref_res = hres;
+    OK(all_reduce_residual_rmsnorm_reference(ptrs.data(), w, ref_res.data(), hw.data(),
+                                             ref_out.data(), n, hidden, 1e-6f, DType::kBF16));
+    for (int r = 0; r < w; ++r) {
+      cudaMemcpy(got.data(), g.out[r], n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got_res.data(), res[r], n * 2, cudaMemcpyDeviceToHost);
+      ASSERT_EQ(got_res, ref_res) << "residual, rank " << r << " epoch " << e;
+      if (r == 0) out0 = got;
+      ASSERT_EQ(got, out0) << "ranks must agree bit for bit, epoch " << e;
+      int64_t far = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        float a = bf16_host(got[i]), b = bf16_host(ref_out[i]);
+        if (std::fabs(a - b) > std::fabs(b) * (1.0f / 128) + 1e-30f) ++far;
+      }
+      ASSERT_EQ(far, 0) << "rank " << r << " epoch " << e;
+    }
+    // The other path on the same inputs must give the same bits (shared row function).
+    if (e % 2 == 0) {
+      for (auto& c : g.comms) c->set_algo(CommAlgo::kTwoShot);
+      for (int r = 0; r < w; ++r) cudaMemcpy(res[r], hres.data(), n * 2, cudaMemcpyHostToDevice);
+      CK(cudaDeviceSynchronize());
+      g.fork();
+      for (int r = 0; r < w; ++r)
+        OK(g.comms[r]->all_reduce_residual_rmsnorm(g.in[r], res[r], weight, g.out[r], n, hidden,
+                                                   1e-6f, DType::kBF16, g.streams[r]));
+      g.join();
+      CK(cudaDeviceSynchronize());
+      cudaMemcpy(got.data(), g.out[0], n * 2, cudaMemcpyDeviceToHost);
+      ASSERT_EQ(got, out0) << "one kernel (one-shot) vs two kernels (two-shot), epoch " << e;
+    }
   }
+  g.check_all_ok();
+  CommStats st = g.comms[0]->stats();
+  EXPECT_EQ(st.fused_calls, static_cast<uint64_t>((epochs + 1) / 2));
+  EXPECT_EQ(st.p2p_calls, static_cast<uint64_t>(epochs + (epochs + 1) / 2));
   for (int r = 0; r < w; ++r) cudaFree(res[r]);
   cudaFree(weight);
 }
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CommFusedWorld, ::testing::Values(2, 4, 8));
 
 // ---- IPC across two processes on the same GPU (file rendezvous) ------------------------------
 

@@ -51,6 +51,7 @@ struct CommStats {
   uint64_t p2p_calls = 0;      // calls that ran the P2P kernels
   uint64_t oneshot_calls = 0;  // of which one-shot
   uint64_t twoshot_calls = 0;  // of which two-shot
+  uint64_t fused_calls = 0;    // of which one kernel for all-reduce + residual + rmsnorm
   uint64_t nccl_calls = 0;     // fallbacks that ran ncclAllReduce
   uint64_t unavailable = 0;    // fallbacks that found no NCCL communicator (returned Unavailable)
   std::array<uint64_t, static_cast<int>(CommFallback::kCount)> fallback{};  // per reason
@@ -99,7 +100,9 @@ class Communicator {
   // call (Timeout/Mismatch) once; later calls fall back to NCCL.
   Status all_reduce(const void* in, void* out, int64_t numel, DType dtype, cudaStream_t stream);
   // residual += allreduce(in) (bf16 rounding of each step as the unfused sequence), then
-  // out = rmsnorm(residual) * weight over rows of `hidden`. numel = rows * hidden.
+  // out = rmsnorm(residual) * weight over rows of `hidden`. numel = rows * hidden. One kernel on
+  // the one-shot path when hidden % 8 == 0 (each CTA owns whole rows; stats().fused_calls);
+  // otherwise the all-reduce then a residual+rmsnorm kernel. out may alias in.
   Status all_reduce_residual_rmsnorm(const void* in, void* residual, const void* weight, void* out,
                                      int64_t numel, int64_t hidden, float eps, DType dtype,
                                      cudaStream_t stream);

@@ -132,8 +132,45 @@ __device__ bool cta_wait(const RankArgs& ra, int world, const uint64_t* flags, s
   return *s_err != 0;
 }
 
-template <typename T, bool kTwoShot>
+// Rows [row_begin, row_end) of: residual = round(sum + residual);
+// out = round(residual * rsqrt(mean(residual^2) + eps) * weight). The whole CTA works on one row
+// at a time; `sum` may alias `out`. Shared by the fused kernel and the standalone one, so both
+// give the same bits.
+template <typename T>
+__device__ void residual_rmsnorm_rows(const uint16_t* sum, uint16_t* residual,
+                                      const uint16_t* weight, uint16_t* out, int64_t row_begin,
+                                      int64_t row_end, int64_t hidden, float eps) {
+  __shared__ float red[kThreads / 32];
+  __shared__ float s_inv;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const uint16_t* s = sum + row * hidden;
+    uint16_t* res = residual + row * hidden;
+    uint16_t* o = out + row * hidden;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+      float r = Cvt<T>::to(Cvt<T>::from(Cvt<T>::to(s[j]) + Cvt<T>::to(res[j])));
+      res[j] = static_cast<uint16_t>(Cvt<T>::from(r));
+      ss += r * r;
+    }
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float tot = 0.0f;
+      for (int i = 0; i < kThreads / 32; ++i) tot += red[i];
+      s_inv = rsqrtf(tot / static_cast<float>(hidden) + eps);
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+      o[j] =
+          static_cast<uint16_t>(Cvt<T>::from(Cvt<T>::to(res[j]) * s_inv * Cvt<T>::to(weight[j])));
+  }
+}
+
+template <typename T, int kMode>
 __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a) {
+  constexpr bool kTwoShot = kMode == static_cast<int>(Kernel::kTwoShot);
+  constexpr bool kFused = kMode == static_cast<int>(Kernel::kOneShotResidualRmsnorm);
   const RankArgs& ra = a.ranks[blockIdx.y];
   const int me = ra.rank, world = a.world, t = threadIdx.x;
   const uint64_t b = blockIdx.x, grid = gridDim.x;
@@ -165,7 +202,16 @@ __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a
 
   if (!kTwoShot) {
     uint64_t vb, ve;
-    split(a.nvec, grid, b, &vb, &ve);
+    int64_t rb = 0, re = 0;
+    if (kFused) {  // whole rows per CTA: the norm needs the row's full sum
+      const uint64_t per_row = static_cast<uint64_t>(a.hidden) * 2 / kVec;
+      uint64_t r0, r1;
+      split(a.nvec / per_row, grid, b, &r0, &r1);
+      rb = static_cast<int64_t>(r0), re = static_cast<int64_t>(r1);
+      vb = r0 * per_row, ve = r1 * per_row;
+    } else {
+      split(a.nvec, grid, b, &vb, &ve);
+    }
     // 2. Push this rank's partial into every peer's slot (e, me).
     for (uint64_t v = vb + t; v < ve; v += kThreads) {
       uint4 x = in[v];
@@ -181,6 +227,13 @@ __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int k = 0; k < world; ++k) add8<T>(acc, k == me ? in[v] : __ldcg(slot(me, k) + v));
       out[v] = pack8<T>(acc);
+    }
+    if (kFused) {  // 5. residual + rmsnorm of this CTA's rows (the sums are in out)
+      __syncthreads();
+      auto* o16 = static_cast<uint16_t*>(ra.out);
+      residual_rmsnorm_rows<T>(o16, static_cast<uint16_t*>(ra.residual),
+                               static_cast<const uint16_t*>(ra.weight), o16, rb, re, a.hidden,
+                               a.eps);
     }
   } else {
     uint64_t cb[kMaxWorld], sb[kMaxWorld], se[kMaxWorld];
@@ -220,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a
     }
   }
 
-  // 5. Exit: the last CTA advances the device epoch and stores the end flag into every peer.
+  // 6. Exit: the last CTA advances the device epoch and stores the end flag into every peer.
   __syncthreads();
   if (t == 0) {
     __threadfence_system();
@@ -239,29 +292,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     molora_residual_rmsnorm_kernel(const uint16_t* sum, uint16_t* residual, const uint16_t* weight,
                                    uint16_t* out, int64_t hidden, float eps) {
-  const int64_t row = blockIdx.x;
-  const uint16_t* s = sum + row * hidden;
-  uint16_t* res = residual + row * hidden;
-  uint16_t* o = out + row * hidden;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
-    float r = Cvt<T>::to(Cvt<T>::from(Cvt<T>::to(s[j]) + Cvt<T>::to(res[j])));
-    res[j] = static_cast<uint16_t>(Cvt<T>::from(r));
-    ss += r * r;
-  }
-  __shared__ float red[kThreads / 32];
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  __shared__ float s_inv;
-  if (threadIdx.x == 0) {
-    float tot = 0.0f;
-    for (int i = 0; i < kThreads / 32; ++i) tot += red[i];
-    s_inv = rsqrtf(tot / static_cast<float>(hidden) + eps);
-  }
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
-    o[j] = static_cast<uint16_t>(Cvt<T>::from(Cvt<T>::to(res[j]) * s_inv * Cvt<T>::to(weight[j])));
+  residual_rmsnorm_rows<T>(sum, residual, weight, out, blockIdx.x, blockIdx.x + 1, hidden, eps);
 }
 
 __global__ void molora_probe_wait(volatile uint32_t* flag, uint64_t timeout_ns, uint32_t* ok) {
@@ -273,23 +304,48 @@ __global__ void molora_probe_wait(volatile uint32_t* flag, uint64_t timeout_ns, 
 __global__ void molora_probe_set(volatile uint32_t* flag) { *flag = 1; }
 
 using AllReduceFn = void (*)(LaunchArgs);
-// [dtype f16/bf16][two_shot]
-const AllReduceFn kAllReduce[2][2] = {
-    {molora_allreduce_kernel<__half, false>, molora_allreduce_kernel<__half, true>},
-    {molora_allreduce_kernel<__nv_bfloat16, false>, molora_allreduce_kernel<__nv_bfloat16, true>},
+template <typename T>
+struct Kernels {
+  static constexpr AllReduceFn fn[3] = {
+      molora_allreduce_kernel<T, 0>, molora_allreduce_kernel<T, 1>, molora_allreduce_kernel<T, 2>};
 };
 
 }  // namespace
 
-Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtype, bool two_shot,
+Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtype, Kernel kernel,
                          cudaStream_t stream) {
   if (dtype != DType::kBF16 && dtype != DType::kF16)
     return Status::InvalidArgument("all-reduce kernel: dtype must be bf16 or f16");
   if (grid_x < 1 || grid_x > kMaxBlocks || grid_y < 1 || grid_y > kMaxWorld)
     return Status::Internal("all-reduce kernel: bad grid");
-  AllReduceFn fn = kAllReduce[dtype == DType::kBF16 ? 1 : 0][two_shot ? 1 : 0];
+  const int k = static_cast<int>(kernel);
+  if (k < 0 || k > 2) return Status::Internal("all-reduce kernel: bad kernel");
+  if (kernel == Kernel::kOneShotResidualRmsnorm && (a.hidden <= 0 || a.hidden % 8 != 0))
+    return Status::Internal("fused kernel: hidden must be a positive multiple of 8");
+  AllReduceFn fn = dtype == DType::kBF16 ? Kernels<__nv_bfloat16>::fn[k] : Kernels<__half>::fn[k];
   fn<<<dim3(grid_x, grid_y), kThreads, 0, stream>>>(a);
   MOLORA_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status preload_kernels(int device) {
+  int prev = -1;
+  MOLORA_CUDA_CHECK(cudaGetDevice(&prev));
+  MOLORA_CUDA_CHECK(cudaSetDevice(device));
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaSuccess;
+  for (int k = 0; k < 3 && err == cudaSuccess; ++k) {
+    err = cudaFuncGetAttributes(&attr, Kernels<__nv_bfloat16>::fn[k]);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, Kernels<__half>::fn[k]);
+  }
+  if (err == cudaSuccess)
+    err = cudaFuncGetAttributes(&attr, molora_residual_rmsnorm_kernel<__nv_bfloat16>);
+  if (err == cudaSuccess)
+    err = cudaFuncGetAttributes(&attr, molora_residual_rmsnorm_kernel<__half>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, molora_probe_wait);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, molora_probe_set);
+  cudaSetDevice(prev);
+  MOLORA_CUDA_CHECK(err);
   return Status::Ok();
 }
 
@@ -311,6 +367,10 @@ Status launch_residual_rmsnorm(const void* sum, void* residual, const void* weig
 }
 
 Status probe_concurrent_streams(int device, bool* concurrent) {
+  // Both probe kernels must be loaded before the first is launched: under lazy loading, the
+  // second launch would otherwise wait for the spinning first one to finish (a false
+  // "serialised", which is what the probe reported on the H200 before this was added).
+  MOLORA_RETURN_IF_ERROR(preload_kernels(device));
   MOLORA_CUDA_CHECK(cudaSetDevice(device));
   uint32_t* mem = nullptr;
   MOLORA_CUDA_CHECK(cudaMalloc(&mem, 2 * sizeof(uint32_t)));

@@ -347,6 +347,10 @@ struct Communicator::Impl {
     return a;
   }
 
+  void count_fused() {
+    std::lock_guard<std::mutex> l(mu);
+    stats.fused_calls++;
+  }
   void count_p2p(bool two) {
     std::lock_guard<std::mutex> l(mu);
     stats.p2p_calls++;
@@ -377,6 +381,7 @@ Status Communicator::create_local_group(int world, int device, const CommOptions
   if (device < 0 || device >= ndev) return Status::InvalidArgument("device out of range");
   int sms = 0;
   MOLORA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MOLORA_RETURN_IF_ERROR(comm::preload_kernels(device));
   size_t slot = o.max_bytes ? o.max_bytes : setting_max_bytes();
   slot = (slot + comm::kVec - 1) / comm::kVec * comm::kVec;
   auto group = std::make_shared<std::vector<std::unique_ptr<RankBuffer>>>();
@@ -428,6 +433,7 @@ Status Communicator::create(int rank, int world, int device, const CommExchange&
   MOLORA_CUDA_CHECK(cudaGetDeviceCount(&ndev));
   if (device < 0 || device >= ndev) return Status::InvalidArgument("device out of range");
   DeviceGuard guard(device);
+  MOLORA_RETURN_IF_ERROR(comm::preload_kernels(device));
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->world = world;
@@ -595,7 +601,8 @@ Status Communicator::all_reduce(const void* in, void* out, int64_t numel, DType 
   comm::LaunchArgs a = m.launch_args(in, out, numel, 1, dtype, two, 0);
   DeviceGuard g(m.device);
   int grid = comm::grid_for(a.nvec, m.world, two, m.max_blocks);
-  MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(a, grid, 1, dtype, two, stream));
+  MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(
+      a, grid, 1, dtype, two ? comm::Kernel::kTwoShot : comm::Kernel::kOneShot, stream));
   m.count_p2p(two);
   return Status::Ok();
 }
@@ -627,7 +634,8 @@ Status Communicator::all_reduce_local_group(const std::vector<Communicator*>& ra
   }
   DeviceGuard g(m0.device);
   int grid = comm::grid_for(a.nvec, m0.world, two, m0.max_blocks);
-  MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(a, grid, m0.world, dtype, two, stream));
+  MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(
+      a, grid, m0.world, dtype, two ? comm::Kernel::kTwoShot : comm::Kernel::kOneShot, stream));
   for (Communicator* c : ranks) c->impl_->count_p2p(two);
   return Status::Ok();
 }
@@ -648,16 +656,33 @@ Status Communicator::all_reduce_residual_rmsnorm(const void* in, void* residual,
   int p = m.path(in, out, numel, dtype);
   if (p != comm::kP2P) {
     MOLORA_RETURN_IF_ERROR(m.fallback(p, in, out, numel, dtype, stream));
-  } else {
-    bool two = m.two_shot_for(static_cast<size_t>(numel) * 2);
-    comm::LaunchArgs a =
-        m.launch_args(in, out, numel, 2, dtype, two, static_cast<uint64_t>(hidden));
-    int grid = comm::grid_for(a.nvec, m.world, two, m.max_blocks);
-    MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(a, grid, 1, dtype, two, stream));
-    m.count_p2p(two);
+    return comm::launch_residual_rmsnorm(out, residual, weight, out, numel / hidden, hidden, eps,
+                                         dtype, stream);
   }
-  return comm::launch_residual_rmsnorm(out, residual, weight, out, numel / hidden, hidden, eps,
-                                       dtype, stream);
+  bool two = m.two_shot_for(static_cast<size_t>(numel) * 2);
+  comm::LaunchArgs a = m.launch_args(in, out, numel, 2, dtype, two, static_cast<uint64_t>(hidden));
+  const int64_t rows = numel / hidden;
+  if (!two && hidden % 8 == 0) {
+    // One kernel: all-reduce, residual add and rmsnorm; each CTA owns whole rows.
+    a.ranks[0].residual = residual;
+    a.ranks[0].weight = weight;
+    a.hidden = hidden;
+    a.eps = eps;
+    int grid = comm::grid_for(a.nvec, m.world, false, m.max_blocks);
+    if (grid > rows) grid = static_cast<int>(rows);
+    MOLORA_RETURN_IF_ERROR(
+        comm::launch_all_reduce(a, grid, 1, dtype, comm::Kernel::kOneShotResidualRmsnorm, stream));
+    m.count_p2p(false);
+    m.count_fused();
+    return Status::Ok();
+  }
+  // Two-shot (or rows that are not whole vectors): the all-reduce, then a second kernel.
+  int grid = comm::grid_for(a.nvec, m.world, two, m.max_blocks);
+  MOLORA_RETURN_IF_ERROR(comm::launch_all_reduce(
+      a, grid, 1, dtype, two ? comm::Kernel::kTwoShot : comm::Kernel::kOneShot, stream));
+  m.count_p2p(two);
+  return comm::launch_residual_rmsnorm(out, residual, weight, out, rows, hidden, eps, dtype,
+                                       stream);
 }
 
 Status Communicator::fallback_all_reduce(const void* in, void* out, int64_t numel, DType dtype,

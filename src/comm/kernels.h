@@ -18,6 +18,8 @@ struct RankArgs {
   ErrorMirror* mirror;          // host-mapped error mirror of this rank
   const void* in;
   void* out;
+  void* residual;      // fused variant: this rank's residual (updated in place)
+  const void* weight;  // fused variant: rmsnorm weight [hidden]
   int rank;
 };
 
@@ -28,11 +30,21 @@ struct LaunchArgs {
   uint64_t slot_bytes;
   uint32_t hash;  // shape hash of this call
   uint64_t timeout_ns;
+  int64_t hidden;  // fused variant: row length in elements (a multiple of 8)
+  float eps;
 };
 
-// grid_x CTAs per rank, grid_y ranks in this launch.
-Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtype, bool two_shot,
+enum class Kernel : int { kOneShot = 0, kTwoShot = 1, kOneShotResidualRmsnorm = 2 };
+
+// grid_x CTAs per rank, grid_y ranks in this launch. kOneShotResidualRmsnorm: one kernel that
+// all-reduces, adds the residual and normalises; each CTA owns whole rows (a.hidden).
+Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtype, Kernel kernel,
                          cudaStream_t stream);
+// Loads every comm kernel into the current context now. With lazy loading (CUDA 12.2+ default)
+// the first launch of a kernel may wait for the whole context to go idle; a rank of an
+// in-process group that spins on a peer whose kernel is not loaded yet would then wait until
+// its deadline. Called at creation.
+Status preload_kernels(int device);
 // residual = round(sum + residual); out = round(residual * rsqrt(mean sq + eps) * weight);
 // `sum` may alias `out`.
 Status launch_residual_rmsnorm(const void* sum, void* residual, const void* weight, void* out,
