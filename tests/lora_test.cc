@@ -150,45 +150,25 @@ TEST(LoraCpu, ValidationNamesTheArgumentAndWritesNothing) {
     EXPECT_NE(st.message().find(word), std::string::npos) << st.message();
     EXPECT_EQ(out, d.out) << "wrote output despite error: " << word;
   };
-  {
+  // One mutation of the valid input per row, and the word the error must name.
+  struct Bad {
+    const char* word;
+    void (*mutate)(Data&, const Case&);
+  };
+  const Bad bads[] = {
+      {"slot_ids", [](Data& d, const Case& k) { d.slot[1] = k.S; }},
+      {"slot_ids", [](Data& d, const Case&) { d.slot[0] = -2; }},
+      {"topk_ids", [](Data& d, const Case& k) { d.topk[3] = k.E; }},
+      {"ranks", [](Data& d, const Case& k) { d.ranks[0] = k.r_max + 1; }},
+      {"r_max", [](Data& d, const Case&) { d.pb.r_max = 24; }},
+      {"N", [](Data& d, const Case&) { d.pb.N = 12; }},
+      {"K must be 0", [](Data& d, const Case&) { d.pb.K = 64; }},
+      {"top_k", [](Data& d, const Case&) { d.pb.top_k = 0; }},
+  };
+  for (const Bad& b : bads) {
     Data d = base;
-    d.slot[1] = c.S;
-    expect_err(d, "slot_ids");
-  }
-  {
-    Data d = base;
-    d.slot[0] = -2;
-    expect_err(d, "slot_ids");
-  }
-  {
-    Data d = base;
-    d.topk[3] = c.E;
-    expect_err(d, "topk_ids");
-  }
-  {
-    Data d = base;
-    d.ranks[0] = c.r_max + 1;
-    expect_err(d, "ranks");
-  }
-  {
-    Data d = base;
-    d.pb.r_max = 24;
-    expect_err(d, "r_max");
-  }
-  {
-    Data d = base;
-    d.pb.N = 12;
-    expect_err(d, "N");
-  }
-  {
-    Data d = base;
-    d.pb.K = 64;
-    expect_err(d, "K must be 0");
-  }
-  {
-    Data d = base;
-    d.pb.top_k = 0;
-    expect_err(d, "top_k");
+    b.mutate(d, c);
+    expect_err(d, b.word);
   }
   {
     Data d = base;
@@ -246,7 +226,8 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   EXPECT_EQ(pl.chunks, molora::cdiv(6144, pl.tile));
   EXPECT_EQ(pl.groups, 512);
   EXPECT_EQ(pl.max_items, 512LL * pl.chunks);
-  EXPECT_LE(pl.grid, 132 * pl.ctas_per_sm);
+  EXPECT_EQ(pl.grid, std::min<int64_t>(pl.max_items, 132LL * 2));  // resident CTAs (no GPU: 2/SM)
+  EXPECT_EQ(pl.unroll, 4);
   EXPECT_GT(pl.floor_us, 0);
   EXPECT_FALSE(pl.bytes_exact);
   // worst case: 512 distinct pairs at r_max, t read, y read+written, routing ids
@@ -270,7 +251,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
 
   pb.routing = RoutingKind::kPlain;
-  pb.num_tokens = 1024;  // P = 8192 > group cap: one group per pair
+  pb.num_tokens = 1024;  // P = 8192 > group cap (4096): one group per pair
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "expand.plain-pairs.bf16");
   EXPECT_EQ(pl.group_cap, 0);
@@ -293,7 +274,12 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   EXPECT_LT(pl.tile, 8);  // 8 groups only: split rows across warps to reach every SM
   pb.num_tokens = 256;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_EQ(pl.tile, 16);
+  EXPECT_EQ(pl.tile, 16);  // two rows of K per warp
+  o.force_unroll = 6;
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.force_unroll = 4;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.unroll, 4);
   o.force_tile = 3;
   EXPECT_FALSE(plan(pb, &pl, o).ok());
   o.force_tile = 4;
@@ -308,9 +294,9 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
     std::ofstream f(path);
     f << R"({"gpu": "test", "entries": [
       {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
-       "p_max": 64, "tile": 256, "ctas_per_sm": 3},
+       "p_max": 64, "tile": 256, "unroll": 4},
       {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
-       "p_max": 512, "tile": 128, "ctas_per_sm": 2}]})";
+       "p_max": 512, "tile": 128}]})";
   }
   Problem pb;
   pb.op = Op::kExpand;
@@ -327,10 +313,12 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.source, "tuned:" + path);
   EXPECT_EQ(pl.tile, 256);
-  EXPECT_EQ(pl.ctas_per_sm, 3);
-  pb.num_tokens = 32;  // P = 256: the p_max 512 entry
+  EXPECT_EQ(pl.unroll, 4);
+  EXPECT_EQ(pl.chunks, molora::cdiv(2048, 256));
+  pb.num_tokens = 32;  // P = 256: the p_max 512 entry (no unroll given: the default)
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.tile, 128);
+  EXPECT_EQ(pl.unroll, 4);
   pb.num_tokens = 128;  // P = 1024: no entry
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.source, "heuristic");

@@ -23,7 +23,8 @@
 // path rejects them with InvalidArgument.
 //
 // The CUDA calls are graph-capturable: no host synchronisation, no allocation, grid fixed by the
-// plan (a persistent grid that walks the work items the device finds).
+// plan (the resident CTAs walk the work items grid-stride; items past the ones the device
+// finds are never visited).
 #pragma once
 
 #include <cstdint>
@@ -71,13 +72,15 @@ struct Plan {
   std::string variant;    // e.g. "expand.plain-grouped.bf16"
   std::string source;     // "heuristic" or "tuned:<config file>"
   int threads = 0;        // threads per CTA
-  int tile = 0;           // shrink: rank rows per work item; expand: N columns per work item
+  int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item
+  int unroll = 0;         // 16-byte weight loads in flight per thread (4 or 8)
   int chunks = 0;         // work items per group (cdiv(r_max, tile) or cdiv(N, tile))
   int64_t groups = 0;     // groups the kernel may find (P for plain, blocks for aligned)
   int64_t max_items = 0;  // groups * chunks
-  int ctas_per_sm = 0;
-  int grid = 0;           // CTAs launched (persistent: each walks items grid-stride)
-  int group_cap = 0;      // plain: pairs grouped by virtual expert when P <= this
+  int ctas_per_sm = 0;    // CTAs of this kernel resident per SM (occupancy; 0 without a GPU)
+  int grid = 0;           // CTAs launched: min(max_items, SMs x ctas_per_sm), grid-stride
+  int group_cap = 0;      // plain: pairs grouped by virtual expert when P <= this (0: not)
+  int64_t est_items = 0;  // work items expected to hold work (distinct pairs x chunks)
   size_t smem_bytes = 0;  // dynamic shared memory per CTA
   int64_t bytes = 0;      // bytes that must move (exact with RoutingStats, else worst case)
   bool bytes_exact = false;
@@ -92,9 +95,9 @@ struct PlanOptions {
   const RoutingStats* stats = nullptr;
   double bandwidth_gbps = 0;  // default 4300 (H200 device-to-device copy)
   int sm_count = 0;           // default: the current device's, 132 without a device
-  // Forces a configuration (the tuner): tile > 0 and/or ctas_per_sm > 0 replace the choice.
+  // Forces a configuration (the tuner): tile > 0 and/or unroll (4 or 8) replace the choice.
   int force_tile = 0;
-  int force_ctas_per_sm = 0;
+  int force_unroll = 0;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;
 };

@@ -28,8 +28,28 @@ DType parse_dtype(const std::string& s) {
   throw nb::type_error(("dtype must be bf16, f16 or f32, got '" + s + "'").c_str());
 }
 
-void need_i32(const nb::ndarray<>& a, const char* name, int ndim) {
-  check_array(a, name, {DType::kI32}, ndim);
+struct Operand {
+  const nb::ndarray<>& a;
+  const char* name;
+  std::optional<DType> dtype;  // nullopt: the dtype of the reference operand
+  int ndim;
+};
+
+// The checks every operand of a call gets, in one place: dtype (`ref_dt`, the reference's, for
+// data operands), rank, contiguity and the reference's device. Errors name the operand.
+void check_operands(const nb::ndarray<>& ref, const char* refn, DType ref_dt,
+                    std::initializer_list<Operand> ops) {
+  for (const Operand& o : ops) {
+    const DType want = o.dtype.value_or(ref_dt);
+    const DType got = dtype_of(o.a, o.name);
+    if (got != want)
+      throw nb::type_error((std::string(o.name) + " must have dtype " + dtype_name(want) +
+                            (o.dtype ? std::string() : std::string(" (that of ") + refn + ")") +
+                            ", got " + dtype_name(got))
+                               .c_str());
+    check_array(o.a, o.name, {want}, o.ndim);
+    check_same_device(ref, refn, o.a, o.name);
+  }
 }
 
 // Routing arrays: checks and fills Problem routing fields and the Routing pointers.
@@ -44,10 +64,8 @@ void routing_of(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& ref, 
         "num_tokens_post_pad (aligned)");
   if (plain) {
     if (!topk || !slot) throw nb::value_error("plain routing needs both topk_ids and slot_ids");
-    need_i32(*topk, "topk_ids", 2);
-    need_i32(*slot, "slot_ids", 1);
-    check_same_device(ref, refn, *topk, "topk_ids");
-    check_same_device(ref, refn, *slot, "slot_ids");
+    check_operands(ref, refn, DType::kI32,
+                   {{*topk, "topk_ids", DType::kI32, 2}, {*slot, "slot_ids", DType::kI32, 1}});
     check_dim(*topk, "topk_ids", 0, pb.num_tokens, "num_tokens");
     check_dim(*slot, "slot_ids", 0, pb.num_tokens, "num_tokens");
     pb.top_k = static_cast<int>(topk->shape(1));
@@ -63,12 +81,10 @@ void routing_of(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& ref, 
         "aligned routing needs sorted_token_ids, expert_ids and num_tokens_post_pad");
   if (block_size <= 0) throw nb::value_error("block_size is required for aligned routing");
   if (top_k <= 0) throw nb::value_error("top_k is required for aligned routing");
-  need_i32(*sorted, "sorted_token_ids", 1);
-  need_i32(*eids, "expert_ids", 1);
-  need_i32(*ntpp, "num_tokens_post_pad", 1);
-  check_same_device(ref, refn, *sorted, "sorted_token_ids");
-  check_same_device(ref, refn, *eids, "expert_ids");
-  check_same_device(ref, refn, *ntpp, "num_tokens_post_pad");
+  check_operands(ref, refn, DType::kI32,
+                 {{*sorted, "sorted_token_ids", DType::kI32, 1},
+                  {*eids, "expert_ids", DType::kI32, 1},
+                  {*ntpp, "num_tokens_post_pad", DType::kI32, 1}});
   pb.routing = RoutingKind::kAligned;
   pb.top_k = top_k;
   pb.block_size = block_size;
@@ -81,14 +97,6 @@ void routing_of(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& ref, 
   rt.num_tokens_post_pad = static_cast<const int32_t*>(ntpp->data());
 }
 
-void check_dtype_same(DType want, const nb::ndarray<>& a, const char* name, const char* refn) {
-  DType d = dtype_of(a, name);
-  if (d != want)
-    throw nb::type_error((std::string(name) + " must have the dtype of " + refn + " (" +
-                          dtype_name(want) + "), got " + dtype_name(d))
-                             .c_str());
-}
-
 Binder bind_lora([](nb::module_& m) {
   m.def(
       "lora_plan",
@@ -97,7 +105,7 @@ Binder bind_lora([](nb::module_& m) {
          const std::string& routing, int block_size, int64_t sorted_len, int64_t active_pairs,
          int64_t active_tokens, int64_t distinct_pairs, int64_t distinct_rank8,
          int64_t active_rank8, double bandwidth_gbps, int sm_count, const std::string& config,
-         int force_tile, int force_ctas_per_sm) {
+         int force_tile, int force_unroll) {
         lora::Problem pb;
         pb.op = parse_op(op);
         pb.dtype = parse_dtype(dtype);
@@ -121,7 +129,7 @@ Binder bind_lora([](nb::module_& m) {
         o.sm_count = sm_count;
         o.config_path = config;
         o.force_tile = force_tile;
-        o.force_ctas_per_sm = force_ctas_per_sm;
+        o.force_unroll = force_unroll;
         lora::Plan pl;
         throw_if_error(lora::plan(pb, &pl, o));
         return pl.to_json();
@@ -131,22 +139,18 @@ Binder bind_lora([](nb::module_& m) {
       nb::arg("routing"), nb::arg("block_size"), nb::arg("sorted_len"), nb::arg("active_pairs"),
       nb::arg("active_tokens"), nb::arg("distinct_pairs"), nb::arg("distinct_rank8"),
       nb::arg("active_rank8"), nb::arg("bandwidth_gbps"), nb::arg("sm_count"),
-      nb::arg("config_path"), nb::arg("force_tile"), nb::arg("force_ctas_per_sm"),
+      nb::arg("config_path"), nb::arg("force_tile"), nb::arg("force_unroll"),
       "Plan of one lora call as JSON (see molora.lora_plan).");
 
   m.def(
       "lora_shrink",
       [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> ranks, Opt topk, Opt slot, Opt sorted,
          Opt eids, Opt ntpp, int block_size, int top_k, nb::ndarray<> t, uintptr_t stream) {
-        DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
-        check_array(A, "A", {dt}, 4);
-        check_array(t, "t", {dt}, 2);
-        check_dtype_same(dt, A, "A", "x");
-        check_dtype_same(dt, t, "t", "x");
-        need_i32(ranks, "ranks", 1);
-        check_same_device(x, "x", A, "A");
-        check_same_device(x, "x", t, "t");
-        check_same_device(x, "x", ranks, "ranks");
+        const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+        check_operands(x, "x", dt,
+                       {{A, "A", std::nullopt, 4},
+                        {t, "t", std::nullopt, 2},
+                        {ranks, "ranks", DType::kI32, 1}});
         lora::Problem pb;
         pb.op = Op::kShrink;
         pb.dtype = dt;
@@ -180,17 +184,12 @@ Binder bind_lora([](nb::module_& m) {
       [](nb::ndarray<> t, nb::ndarray<> B, nb::ndarray<> ranks, nb::ndarray<> scales, Opt topk,
          Opt slot, Opt sorted, Opt eids, Opt ntpp, int block_size, int top_k, nb::ndarray<> y,
          uintptr_t stream) {
-        DType dt = check_array(t, "t", {DType::kBF16, DType::kF16, DType::kF32}, 2);
-        check_array(B, "B", {dt}, 4);
-        check_array(y, "y", {dt}, 2);
-        check_dtype_same(dt, B, "B", "t");
-        check_dtype_same(dt, y, "y", "t");
-        need_i32(ranks, "ranks", 1);
-        check_array(scales, "scales", {DType::kF32}, 1);
-        check_same_device(t, "t", B, "B");
-        check_same_device(t, "t", y, "y");
-        check_same_device(t, "t", ranks, "ranks");
-        check_same_device(t, "t", scales, "scales");
+        const DType dt = check_array(t, "t", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+        check_operands(t, "t", dt,
+                       {{B, "B", std::nullopt, 4},
+                        {y, "y", std::nullopt, 2},
+                        {ranks, "ranks", DType::kI32, 1},
+                        {scales, "scales", DType::kF32, 1}});
         lora::Problem pb;
         pb.op = Op::kExpand;
         pb.dtype = dt;

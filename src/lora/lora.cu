@@ -1,13 +1,19 @@
 // MoE-LoRA shrink and expand kernels over virtual experts (v = slot * E + expert).
 //
-// One persistent grid per call (the plan's CTA count) walks the work items grid-stride. A work
-// item is (group, chunk): a group is the set of routed pairs that share one virtual expert — one
-// block of the aligned layout, or, for plain routing, the pairs a CTA-local counting sort puts
-// together — and a chunk is a slice of the weight (shrink: `tile` rank rows, expand: `tile` of
-// the N output columns). Each weight byte of a chunk is read once (16-byte streaming loads) and
-// applied to every pair of the group, so the bytes follow the distinct (slot, expert) set and
-// the ranks r_s; pairs with slot -1 never form a group and cost nothing. Every output element
-// is written by exactly one thread (no atomics into outputs: same bits run to run).
+// One CTA per work item, the grid fixed by the plan (groups x chunks, the worst case for the
+// shape, so the launch is graph-capturable). A work item is (group, chunk): a group is the set
+// of routed pairs that share one virtual expert and a chunk a slice of that expert's weight
+// (shrink: `tile` rank rows x K, expand: `tile` of the N output rows x r_s).
+//   aligned routing:  group g = block g of the align output (expert_ids[g], its pair ids).
+//   plain, grouped:   group g = pair g if it is the first pair (lowest index) of its virtual
+//                     expert; the CTA scans the P routing ids (ballot, in order) to gather the
+//                     other pairs of that expert and exits if a lower pair has it (P <= cap).
+//   plain, pairs:     group g = pair g alone (prefill beyond the cap).
+// Each weight byte of a chunk is read once, U 16-byte streaming loads per thread in flight, and
+// applied to every pair of the group: bytes follow the distinct (slot, expert) set and r_s.
+// Pairs with slot -1 never form a group: their CTAs read two ids and exit. Every output element
+// is written by exactly one thread and every sum is taken in a fixed order (no atomics into
+// outputs: same bits run to run).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -18,6 +24,8 @@
 
 namespace molora::lora::detail {
 namespace {
+
+constexpr int kWarps = kThreads / 32;
 
 template <typename T>
 struct Cvt;
@@ -39,155 +47,167 @@ struct Cvt<__half> {
 };
 
 template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
-  float2 a = Cvt<T>::two(v.x), b = Cvt<T>::two(v.y), c = Cvt<T>::two(v.z), d = Cvt<T>::two(v.w);
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
+  const float2 w0 = Cvt<T>::two(w.x), w1 = Cvt<T>::two(w.y), w2 = Cvt<T>::two(w.z),
+               w3 = Cvt<T>::two(w.w);
+  const float2 x0 = Cvt<T>::two(x.x), x1 = Cvt<T>::two(x.y), x2 = Cvt<T>::two(x.z),
+               x3 = Cvt<T>::two(x.w);
+  float s = w0.x * x0.x;
+  s = fmaf(w0.y, x0.y, s);
+  s = fmaf(w1.x, x1.x, s);
+  s = fmaf(w1.y, x1.y, s);
+  s = fmaf(w2.x, x2.x, s);
+  s = fmaf(w2.y, x2.y, s);
+  s = fmaf(w3.x, x3.x, s);
+  s = fmaf(w3.y, x3.y, s);
+  return s;
 }
 
 __device__ __forceinline__ int vid_of(const KernelArgs& a, int64_t q) {
-  const int s = a.rt.slot_ids[q / a.k];
-  const int e = a.rt.topk_ids[q];
+  const int s = __ldg(a.rt.slot_ids + q / a.k);
+  const int e = __ldg(a.rt.topk_ids + q);
   if (s < 0 || s >= a.S || e < 0 || e >= a.E) return -1;
   return s * a.E + e;
 }
 
-// In-place exclusive scan of n ints in shared memory by the whole CTA; returns the total.
-__device__ int block_exclusive_scan(int* data, int n, int* s_wsum) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int per = (n + kThreads - 1) / kThreads;
-  const int lo = min(n, tid * per), hi = min(n, lo + per);
-  int sum = 0;
-  for (int i = lo; i < hi; ++i) sum += data[i];
-  int incl = sum;
+// Appends, in ascending q, the q of this round whose `keep` is set to s_mem (ordered block
+// compaction by ballot). `total` is the count so far, the same in every thread.
+__device__ __forceinline__ int compact_round(bool keep, int val, int* s_mem, int total,
+                                             int* s_wcnt) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned bal = __ballot_sync(~0u, keep);
+  if (lane == 0) s_wcnt[warp] = __popc(bal);
+  __syncthreads();
+  int off = total, all = 0;
 #pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    int o = __shfl_up_sync(~0u, incl, off);
-    if (lane >= off) incl += o;
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = s_wcnt[w];
+    off += w < warp ? c : 0;
+    all += c;
   }
-  if (lane == 31) s_wsum[warp] = incl;
-  __syncthreads();
-  int wbase = 0, total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) wbase += s_wsum[w];
-    total += s_wsum[w];
+  if (keep) s_mem[off + __popc(bal & ((1u << lane) - 1u))] = val;
+  __syncthreads();  // s_wcnt is rewritten by the next round
+  return total + all;
+}
+
+// Finds work item group g: its virtual expert (*v) and its pairs (s_mem[0..count), ascending).
+// Returns 0 when the CTA has nothing to do. Every branch is uniform over the CTA.
+__device__ int find_group(const KernelArgs& a, int64_t g, int* s_mem, int* s_wcnt, int* v) {
+  const int V = a.S * a.E;
+  if (a.mode == kModeAligned) {
+    const int ve = __ldg(a.rt.expert_ids + g);
+    if (ve < 0 || ve >= V) return 0;
+    *v = ve;
+    int total = 0;
+    for (int base = 0; base < a.block; base += kThreads) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      int p = -1;
+      if (i < a.block && g * a.block + i < a.sorted_len)
+        p = __ldg(a.rt.sorted_token_ids + g * a.block + i);
+      total = compact_round(p >= 0 && p < a.P, p, s_mem, total, s_wcnt);
+    }
+    return total;
   }
-  int run = wbase + incl - sum;
-  for (int i = lo; i < hi; ++i) {
-    int c = data[i];
-    data[i] = run;
-    run += c;
+  const int vp = vid_of(a, g);
+  if (vp < 0) return 0;
+  *v = vp;
+  if (a.mode == kModePairs) {
+    if (threadIdx.x == 0) s_mem[0] = static_cast<int>(g);
+    __syncthreads();
+    return 1;
   }
-  __syncthreads();
+  int total = 0;
+  for (int64_t base = 0; base < a.P; base += kThreads) {
+    const int64_t q = base + threadIdx.x;
+    const bool match = q < a.P && vid_of(a, q) == vp;
+    // A lower pair of the same virtual expert leads this group: that CTA does the work.
+    if (__syncthreads_or(match && q < g)) return 0;
+    total = compact_round(match, static_cast<int>(q), s_mem, total, s_wcnt);
+  }
   return total;
-}
-
-// Plain routing: CTA-local counting sort of the P pairs by virtual expert. Afterwards
-// s_cnt[v]..s_cnt[v+1] index the pairs of v in s_mem, and s_gv lists the used v ascending.
-__device__ int build_groups(const KernelArgs& a, int V, int* s_cnt, int* s_cur, int* s_mem,
-                            int* s_gv, int* s_wsum) {
-  const int tid = threadIdx.x;
-  for (int i = tid; i < V; i += kThreads) s_cnt[i] = 0;
-  __syncthreads();
-  for (int64_t q = tid; q < a.P; q += kThreads) {
-    int v = vid_of(a, q);
-    if (v >= 0) atomicAdd(&s_cnt[v], 1);
-  }
-  __syncthreads();
-  for (int i = tid; i < V; i += kThreads) s_cur[i] = s_cnt[i] > 0 ? 1 : 0;
-  __syncthreads();
-  const int total = block_exclusive_scan(s_cnt, V, s_wsum);
-  const int groups = block_exclusive_scan(s_cur, V, s_wsum);
-  if (tid == 0) s_cnt[V] = total;
-  __syncthreads();
-  for (int v = tid; v < V; v += kThreads)
-    if (s_cnt[v + 1] > s_cnt[v]) s_gv[s_cur[v]] = v;
-  __syncthreads();
-  for (int i = tid; i < V; i += kThreads) s_cur[i] = 0;
-  __syncthreads();
-  for (int64_t q = tid; q < a.P; q += kThreads) {
-    int v = vid_of(a, q);
-    if (v >= 0) s_mem[s_cnt[v] + atomicAdd(&s_cur[v], 1)] = static_cast<int>(q);
-  }
-  __syncthreads();
-  return groups;
-}
-
-__device__ __forceinline__ int64_t member(const int* mem, int64_t g, int i) {
-  return mem ? mem[i] : g;
 }
 
 // t[p, row] for rows [c*tile, min((c+1)*tile, r)) of virtual expert v, every pair of the group.
 // tile >= 8: each warp owns whole rows; tile < 8: 8/tile warps split K of one row and reduce
-// through shared memory in a fixed order.
-template <typename T>
-__device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, int64_t g, int count,
-                            int c, float (*s_red)[4]) {
+// through shared memory in warp order.
+template <typename T, int U>
+__device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, int count, int c,
+                            float (*s_red)[kShrinkMembers]) {
   const int tile = a.tile;
   const int row0 = c * tile;
-  if (row0 >= r) return;
   const int row_end = min(row0 + tile, r);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wpr = tile >= 8 ? 1 : 8 / tile;
-  const int rows_pass = 8 / wpr;
+  const int wpr = tile >= kWarps ? 1 : kWarps / tile;
+  const int rows_pass = kWarps / wpr;
   const int kpart = warp % wpr, rsub = warp / wpr;
-  const int64_t K = a.dim;
+  const int64_t K = a.dim, nvec = K / 8;
   const T* A = static_cast<const T*>(a.w) + static_cast<int64_t>(v) * a.r_max * K;
-  const T* x = static_cast<const T*>(a.in);
+  const uint4* x = static_cast<const uint4*>(a.in);
   T* t = static_cast<T*>(a.out);
-  const int64_t kstep = static_cast<int64_t>(wpr) * 256;
+  const int64_t vstep = static_cast<int64_t>(wpr) * 32;
   for (int rb = row0; rb < row_end; rb += rows_pass) {
     const int row = rb + rsub;
     const bool live = row < row_end;
     const uint4* wrow = reinterpret_cast<const uint4*>(A + static_cast<int64_t>(row) * K);
-    for (int m0 = 0; m0 < count; m0 += 4) {
-      const int mc = min(4, count - m0);
-      const T* xr[4];
+    for (int m0 = 0; m0 < count; m0 += kShrinkMembers) {
+      const int mc = min(kShrinkMembers, count - m0);
+      const uint4* xr[kShrinkMembers];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) xr[j] = x + (member(mem, g, m0 + min(j, mc - 1)) / a.k) * K;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int j = 0; j < kShrinkMembers; ++j)
+        xr[j] = x + static_cast<int64_t>(mem[m0 + min(j, mc - 1)] / a.k) * nvec;
+      float acc[kShrinkMembers];
+#pragma unroll
+      for (int j = 0; j < kShrinkMembers; ++j) acc[j] = 0.f;
       if (live) {
-        for (int64_t kb = static_cast<int64_t>(kpart * 32 + lane) * 8; kb < K; kb += kstep * 4) {
-          uint4 wv[4];
+        // Double-buffered: the next U vectors are in flight while these are used.
+        int64_t kv0 = kpart * 32 + lane;
+        uint4 wv[U];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int64_t kk = kb + u * kstep;
-            wv[u] = kk < K ? __ldcs(wrow + kk / 8) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < U; ++u) {
+          const int64_t kv = kv0 + u * vstep;
+          wv[u] = kv < nvec ? __ldcs(wrow + kv) : make_uint4(0, 0, 0, 0);
+        }
+        for (; kv0 < nvec; kv0 += vstep * U) {
+          uint4 wn[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int64_t kv = kv0 + (U + u) * vstep;
+            wn[u] = kv < nvec ? __ldcs(wrow + kv) : make_uint4(0, 0, 0, 0);
           }
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int64_t kk = kb + u * kstep;
-            if (kk >= K) break;
-            float wf[8];
-            unpack8<T>(wv[u], wf);
+          for (int j = 0; j < kShrinkMembers; ++j) {
+            if (j < mc) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if (j < mc) {
-                float xf[8];
-                unpack8<T>(__ldg(reinterpret_cast<const uint4*>(xr[j] + kk)), xf);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[j] = fmaf(wf[i], xf[i], acc[j]);
+              for (int u = 0; u < U; ++u) {
+                const int64_t kv = kv0 + u * vstep;
+                if (kv < nvec) acc[j] += dot8<T>(wv[u], __ldg(xr[j] + kv));
               }
             }
           }
+#pragma unroll
+          for (int u = 0; u < U; ++u) wv[u] = wn[u];
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kShrinkMembers; ++j)
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc[j] += __shfl_xor_sync(~0u, acc[j], off);
       if (wpr == 1) {
-        if (live && lane == 0)
-          for (int j = 0; j < mc; ++j)
-            t[member(mem, g, m0 + j) * a.r_max + row] = Cvt<T>::from(acc[j]);
+        if (live && lane < mc) {
+          float s = acc[0];
+#pragma unroll
+          for (int j = 1; j < kShrinkMembers; ++j) s = lane == j ? acc[j] : s;
+          t[static_cast<int64_t>(mem[m0 + lane]) * a.r_max + row] = Cvt<T>::from(s);
+        }
       } else {
         if (lane == 0)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) s_red[warp][j] = acc[j];
+          for (int j = 0; j < kShrinkMembers; ++j) s_red[warp][j] = acc[j];
         __syncthreads();
         if (live && kpart == 0 && lane < mc) {
           float s = 0.f;
           for (int w2 = 0; w2 < wpr; ++w2) s += s_red[warp + w2][lane];
-          t[member(mem, g, m0 + lane) * a.r_max + row] = Cvt<T>::from(s);
+          t[static_cast<int64_t>(mem[m0 + lane]) * a.r_max + row] = Cvt<T>::from(s);
         }
         __syncthreads();
       }
@@ -196,171 +216,182 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
 }
 
 // y[p, n] += scale_s * B[v, n, :r] . t[p, :r] for n in [c*tile, min((c+1)*tile, N)).
-// lpr = pow2ceil(cdiv(r, 8)) lanes share one row (one 16-byte vector each) and reduce by shuffle.
-template <typename T>
-__device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, int64_t g, int count,
-                            int c, float* s_t) {
-  if (r == 0) return;
+// lpr = pow2ceil(cdiv(r, 8)) lanes share one row (one 16-byte vector each) and reduce by
+// shuffle; U rows per thread are loaded before any is used, and y of the first pair is loaded
+// beside them.
+template <typename T, int U>
+__device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, int count, int c,
+                            float* s_t) {
   const int64_t N = a.dim;
   const int64_t n0 = static_cast<int64_t>(c) * a.tile;
   const int64_t n1 = min(N, n0 + a.tile);
-  if (n0 >= N) return;
   const int nv = (r + 7) / 8;
   int lpr = 1;
   while (lpr < nv) lpr *= 2;
   const int rows_pass = kThreads / lpr;
   const int tid = threadIdx.x, li = tid & (lpr - 1), rl = tid / lpr;
   const int R = a.r_max, ldt = lpr * 8;
-  const float scale = a.scales[v / a.E];
+  const float scale = __ldg(a.scales + v / a.E);
   const T* Bw = static_cast<const T*>(a.w) + static_cast<int64_t>(v) * N * R;
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
   const int tail = r - (nv - 1) * 8;  // valid elements of the last vector (1..8)
-  for (int m0 = 0; m0 < count; m0 += kExpandGroupTile) {
-    const int mc = min(kExpandGroupTile, count - m0);
-    __syncthreads();
+  const uint4 keep = make_uint4(tail > 1 ? ~0u : 0xffffu,
+                                tail > 3   ? ~0u
+                                : tail > 2 ? 0xffffu
+                                           : 0u,
+                                tail > 5   ? ~0u
+                                : tail > 4 ? 0xffffu
+                                           : 0u,
+                                tail > 7   ? ~0u
+                                : tail > 6 ? 0xffffu
+                                           : 0u);
+  const int row_step = rows_pass * R;  // elements between the rows of u and u + 1
+  const int64_t pass_rows = static_cast<int64_t>(rows_pass) * U;
+  T* const y0row = y + static_cast<int64_t>(mem[0]) * N;
+  // Loads of one pass: U weight vectors per thread, and y of the group's first pair.
+  auto load_pass = [&](int64_t base, uint4(&w)[U], float(&y0)[U]) {
+    const int64_t lim64 = n1 - base - rl;
+    const int lim = lim64 <= 0 ? 0 : static_cast<int>(min(lim64, static_cast<int64_t>(INT32_MAX)));
+    const T* bp = Bw + (base + rl) * R + li * 8;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      w[u] = (u * rows_pass < lim && li < nv)
+                 ? __ldcs(reinterpret_cast<const uint4*>(bp + u * row_step))
+                 : make_uint4(0, 0, 0, 0);
+      y0[u] =
+          (li == 0 && u * rows_pass < lim) ? Cvt<T>::one(y0row[base + rl + u * rows_pass]) : 0.f;
+    }
+  };
+  auto stage = [&](int m0, int mc) {
+    __syncthreads();  // earlier readers of s_t are done
     for (int i = tid; i < mc * ldt; i += kThreads) {
       const int m = i / ldt, j = i % ldt;
-      s_t[i] = j < r ? Cvt<T>::one(tin[member(mem, g, m0 + m) * R + j]) : 0.f;
+      s_t[i] = j < r ? Cvt<T>::one(tin[static_cast<int64_t>(mem[m0 + m]) * R + j]) : 0.f;
     }
     __syncthreads();
-    for (int64_t base = n0; base < n1; base += static_cast<int64_t>(rows_pass) * 4) {
-      uint4 wv[4];
+  };
+  uint4 wv[U];
+  float y0v[U];
+  load_pass(n0, wv, y0v);
+  const bool one_tile = count <= kExpandMembers;
+  if (one_tile) stage(0, count);
+  for (int64_t base = n0; base < n1; base += pass_rows) {
+    uint4 wn[U];
+    float y0n[U];
+    load_pass(base + pass_rows, wn, y0n);  // next pass in flight during this one
+    const int lim64c =
+        static_cast<int>(min(max(n1 - base - rl, int64_t{0}), static_cast<int64_t>(INT32_MAX)));
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t n = base + u * rows_pass + rl;
-        wv[u] = (n < n1 && li < nv) ? __ldcs(reinterpret_cast<const uint4*>(Bw + n * R) + li)
-                                    : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < U; ++u) {
+      if (li == nv - 1) {  // past r_s: ignore whatever the padding holds
+        wv[u].x &= keep.x, wv[u].y &= keep.y, wv[u].z &= keep.z, wv[u].w &= keep.w;
       }
-      float wf[4][8];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        unpack8<T>(wv[u], wf[u]);
-        if (li == nv - 1)
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (i >= tail) wf[u][i] = 0.f;  // past r_s: ignore whatever the padding holds
-      }
+    }
+    for (int m0 = 0; m0 < count; m0 += kExpandMembers) {
+      const int mc = min(kExpandMembers, count - m0);
+      if (!one_tile) stage(m0, mc);
       for (int m = 0; m < mc; ++m) {
+        T* yp = y + static_cast<int64_t>(mem[m0 + m]) * N + base + rl;
+        float yold[U];
+        if (m0 + m == 0) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) yold[u] = y0v[u];
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            yold[u] = (li == 0 && u * rows_pass < lim64c) ? Cvt<T>::one(yp[u * rows_pass]) : 0.f;
+        }
         const float4 t0 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8);
         const float4 t1 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8 + 4);
-        float part[4];
+        float part[U];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float* w = wf[u];
-          part[u] = w[0] * t0.x + w[1] * t0.y + w[2] * t0.z + w[3] * t0.w + w[4] * t1.x +
-                    w[5] * t1.y + w[6] * t1.z + w[7] * t1.w;
+        for (int u = 0; u < U; ++u) {
+          const float2 w0 = Cvt<T>::two(wv[u].x), w1 = Cvt<T>::two(wv[u].y),
+                       w2 = Cvt<T>::two(wv[u].z), w3 = Cvt<T>::two(wv[u].w);
+          float s = w0.x * t0.x;
+          s = fmaf(w0.y, t0.y, s);
+          s = fmaf(w1.x, t0.z, s);
+          s = fmaf(w1.y, t0.w, s);
+          s = fmaf(w2.x, t1.x, s);
+          s = fmaf(w2.y, t1.y, s);
+          s = fmaf(w3.x, t1.z, s);
+          s = fmaf(w3.y, t1.w, s);
+          part[u] = s;
         }
         for (int off = lpr >> 1; off > 0; off >>= 1)
 #pragma unroll
-          for (int u = 0; u < 4; ++u) part[u] += __shfl_xor_sync(~0u, part[u], off);
+          for (int u = 0; u < U; ++u) part[u] += __shfl_xor_sync(~0u, part[u], off);
         if (li == 0) {
-          T* yrow = y + member(mem, g, m0 + m) * N;
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int64_t n = base + u * rows_pass + rl;
-            if (n < n1) yrow[n] = Cvt<T>::from(Cvt<T>::one(yrow[n]) + scale * part[u]);
-          }
+          for (int u = 0; u < U; ++u)
+            if (u * rows_pass < lim64c) yp[u * rows_pass] = Cvt<T>::from(yold[u] + scale * part[u]);
         }
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) wv[u] = wn[u], y0v[u] = y0n[u];
   }
 }
 
-template <Op OP, typename T>
+template <Op OP, typename T, int U>
 __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) {
-  extern __shared__ __align__(16) int smem[];
-  __shared__ int s_wsum[kThreads / 32];
-  __shared__ int s_count;
-  __shared__ float s_red[kThreads / 32][4];
-  const int tid = threadIdx.x;
-  const int V = a.S * a.E;
-  const bool grouped = !a.aligned && a.group_cap > 0;
-  int *s_cnt = nullptr, *s_gv = nullptr, *s_mem = smem;
-  int64_t n_groups;
-  size_t ints;
-  if (grouped) {
-    s_cnt = smem;
-    int* s_cur = smem + V + 1;
-    s_mem = s_cur + V;
-    s_gv = s_mem + a.P;
-    n_groups = build_groups(a, V, s_cnt, s_cur, s_mem, s_gv, s_wsum);
-    ints = static_cast<size_t>(2 * V + 1) + a.P + min(a.P, static_cast<int64_t>(V));
-  } else if (a.aligned) {
-    int64_t used = a.rt.num_tokens_post_pad[0];
+  extern __shared__ int s_mem[];
+  __shared__ int s_wcnt[kWarps];
+  __shared__ float s_red[kWarps][kShrinkMembers];
+  __shared__ __align__(16) float s_t[OP == Op::kExpand ? kExpandMembers * 128 : 4];
+  // Items the device can hold work in: aligned, the used blocks only (num_tokens_post_pad).
+  int64_t n_groups = a.P;
+  if (a.mode == kModeAligned) {
+    int64_t used = __ldg(a.rt.num_tokens_post_pad);
     used = max(int64_t{0}, min(used, a.sorted_len));
     n_groups = used / a.block;
-    ints = a.block;
-  } else {
-    n_groups = a.P;
-    ints = 0;
   }
-  float* s_t = reinterpret_cast<float*>(smem + (ints + 3) / 4 * 4);
   const int64_t n_items = n_groups * a.chunks;
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const int64_t g = item / a.chunks;
     const int c = static_cast<int>(item % a.chunks);
-    int v, count;
-    const int* mem;
-    if (grouped) {
-      v = s_gv[g];
-      const int st = s_cnt[v];
-      count = s_cnt[v + 1] - st;
-      mem = s_mem + st;
-    } else if (a.aligned) {
-      v = a.rt.expert_ids[g];
-      if (v < 0 || v >= V) continue;
-      __syncthreads();  // the previous item may still read s_mem
-      if (tid == 0) s_count = 0;
-      __syncthreads();
-      for (int i = tid; i < a.block; i += kThreads) {
-        const int p = a.rt.sorted_token_ids[g * a.block + i];
-        if (p >= 0 && p < a.P) s_mem[atomicAdd(&s_count, 1)] = p;
-      }
-      __syncthreads();
-      count = s_count;
-      mem = s_mem;
-      if (count == 0) continue;
+    int v = -1;
+    // Shrink chunks past the largest rank hold nothing (checked again against r_s below).
+    if (OP == Op::kShrink && c * a.tile >= a.r_max) continue;
+    __syncthreads();  // the previous item's readers of s_mem are done
+    const int count = find_group(a, g, s_mem, s_wcnt, &v);
+    if (count == 0) continue;
+    const int r = min(max(__ldg(a.ranks + v / a.E), 0), a.r_max);
+    if (r == 0) continue;
+    if (OP == Op::kShrink) {
+      if (c * a.tile >= r) continue;
+      shrink_item<T, U>(a, v, r, s_mem, count, c, s_red);
     } else {
-      v = vid_of(a, g);
-      if (v < 0) continue;
-      count = 1;
-      mem = nullptr;
+      expand_item<T, U>(a, v, r, s_mem, count, c, s_t);
     }
-    const int r = min(max(a.ranks[v / a.E], 0), a.r_max);
-    if (OP == Op::kShrink)
-      shrink_item<T>(a, v, r, mem, g, count, c, s_red);
-    else
-      expand_item<T>(a, v, r, mem, g, count, c, s_t);
   }
 }
 
-template <Op OP, typename T>
+template <Op OP, typename T, int U>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_kernel<OP, T>;
+  auto kern = molora_lora_kernel<OP, T, U>;
   if (plan.smem_bytes > 48 * 1024)
     MOLORA_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(plan.smem_bytes)));
-  kern<<<plan.grid, kThreads, plan.smem_bytes, stream>>>(a);
+  kern<<<static_cast<unsigned>(plan.grid), kThreads, plan.smem_bytes, stream>>>(a);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
 
-}  // namespace
+template <Op OP, typename T>
+Status launch_u(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return plan.unroll == 4 ? launch_t<OP, T, 4>(a, plan, stream)
+                          : launch_t<OP, T, 8>(a, plan, stream);
+}
 
-int max_ctas_per_sm(Op op, DType dt, size_t smem) {
+template <Op OP, typename T>
+int fit_u(int unroll, size_t smem) {
   int n = 0;
-  cudaError_t e;
-  if (dt == DType::kF16)
-    e = op == Op::kShrink ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                &n, molora_lora_kernel<Op::kShrink, __half>, kThreads, smem)
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                &n, molora_lora_kernel<Op::kExpand, __half>, kThreads, smem);
-  else
-    e = op == Op::kShrink ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                &n, molora_lora_kernel<Op::kShrink, __nv_bfloat16>, kThreads, smem)
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                &n, molora_lora_kernel<Op::kExpand, __nv_bfloat16>, kThreads, smem);
+  cudaError_t e = unroll == 4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                    &n, molora_lora_kernel<OP, T, 4>, kThreads, smem)
+                              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                    &n, molora_lora_kernel<OP, T, 8>, kThreads, smem);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return 0;
@@ -368,13 +399,23 @@ int max_ctas_per_sm(Op op, DType dt, size_t smem) {
   return n;
 }
 
+}  // namespace
+
+int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem) {
+  if (dt == DType::kF16)
+    return op == Op::kShrink ? fit_u<Op::kShrink, __half>(unroll, smem)
+                             : fit_u<Op::kExpand, __half>(unroll, smem);
+  return op == Op::kShrink ? fit_u<Op::kShrink, __nv_bfloat16>(unroll, smem)
+                           : fit_u<Op::kExpand, __nv_bfloat16>(unroll, smem);
+}
+
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if (dt == DType::kBF16)
-    return op == Op::kShrink ? launch_t<Op::kShrink, __nv_bfloat16>(a, plan, stream)
-                             : launch_t<Op::kExpand, __nv_bfloat16>(a, plan, stream);
+    return op == Op::kShrink ? launch_u<Op::kShrink, __nv_bfloat16>(a, plan, stream)
+                             : launch_u<Op::kExpand, __nv_bfloat16>(a, plan, stream);
   if (dt == DType::kF16)
-    return op == Op::kShrink ? launch_t<Op::kShrink, __half>(a, plan, stream)
-                             : launch_t<Op::kExpand, __half>(a, plan, stream);
+    return op == Op::kShrink ? launch_u<Op::kShrink, __half>(a, plan, stream)
+                             : launch_u<Op::kExpand, __half>(a, plan, stream);
   return Status::InvalidArgument(std::string("dtype must be bf16 or f16 on the GPU, got ") +
                                  dtype_name(dt));
 }

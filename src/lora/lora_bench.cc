@@ -214,7 +214,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   PlanOptions po;
   po.bandwidth_gbps = copy_gbps;
   po.force_tile = c.force_tile;
-  po.force_ctas_per_sm = c.force_ctas_per_sm;
+  po.force_unroll = c.force_unroll;
   po.config_path = c.config_path;
   Plan pl;
   for (int i = 0; i < kRot; ++i) {
@@ -310,10 +310,11 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
                           "%-7s %-18s %4d %4.0f%% %-8s %9.2f %9.2f %11lld %8.0f %5.1f%% %7.2f  %s "
-                          "tile=%d grid=%d %s",
+                          "tile=%d u=%d grid=%d %s",
                           op_name(op), sh.name.c_str(), T, none * 100, routing_name(rk), r.us,
                           r.floor_us, (long long)r.bytes, r.gbps, r.pct_copy, r.us / r.floor_us,
-                          r.plan.variant.c_str(), r.plan.tile, r.plan.grid, r.plan.source.c_str());
+                          r.plan.variant.c_str(), r.plan.tile, r.plan.unroll, r.plan.grid,
+                          r.plan.source.c_str());
             rows.push_back(line);
             std::ostringstream key;
             key << op_name(op) << sh.name << T << none << routing_name(rk);
@@ -381,26 +382,33 @@ Status tune(const std::string& path, std::ostream& log) {
   MOLORA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   for (Op op : {Op::kExpand, Op::kShrink})
     for (const Shape& sh : seed_shapes())
-      for (RoutingKind rk : {RoutingKind::kPlain})  // aligned keeps the heuristic (untuned)
+      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
         for (int T : {1, 8, 32, 64, 128, 256}) {
-          std::vector<int> tiles = op == Op::kShrink ? std::vector<int>{1, 2, 4, 8, 16}
-                                                     : std::vector<int>{128, 256, 512, 1024, 2048};
+          std::vector<int> tiles = op == Op::kShrink
+                                       ? std::vector<int>{1, 2, 4, 8, 16, 32}
+                                       : std::vector<int>{64, 128, 256, 512, 1024, 2048, 4096};
           double best = 1e30, heur = 0;
-          int bt = 0, bc = 0;
+          int bt = 0, bu = 0;
           Case c;
           c.op = op, c.shape = sh, c.T = T, c.routing = rk, c.config_path = "none";
           Result r;
           MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
           heur = r.us;
+          const int ht = r.plan.tile, hu = r.plan.unroll;
           for (int tile : tiles)
-            for (int cps : {1, 2}) {  // the kernel fits 2 CTAs/SM (~100 registers)
+            for (int unroll : {4, 8}) {
               if (op == Op::kShrink && tile > sh.r) continue;
-              c.force_tile = tile, c.force_ctas_per_sm = cps;
+              if (op == Op::kExpand && tile > sh.dim) continue;
+              c.force_tile = tile, c.force_unroll = unroll;
               MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
-              if (r.us < best) best = r.us, bt = tile, bc = cps;
+              log << "  " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
+                  << " tile=" << tile << " unroll=" << unroll << ": " << r.us << " us ("
+                  << r.pct_copy << "% copy)\n";
+              if (r.us < best) best = r.us, bt = tile, bu = unroll;
             }
           // Keep the tuned entry only when it beats the heuristic by more than noise.
-          if (best < heur * 0.97) {
+          const bool keep = best < heur * 0.97;
+          if (keep) {
             entries.push_back({{"op", op_name(op)},
                                {"dtype", "bf16"},
                                {"routing", routing_name(rk)},
@@ -408,13 +416,14 @@ Status tune(const std::string& path, std::ostream& log) {
                                {"r_max", sh.r},
                                {"p_max", T * 8},
                                {"tile", bt},
-                               {"ctas_per_sm", bc},
+                               {"unroll", bu},
                                {"us", best},
                                {"heuristic_us", heur}});
           }
-          log << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
-              << ": heuristic " << heur << " us, best tile=" << bt << " cps=" << bc << " " << best
-              << " us\n";
+          log << "TUNE " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
+              << ": heuristic tile=" << ht << " unroll=" << hu << " " << heur
+              << " us, best tile=" << bt << " unroll=" << bu << " " << best << " us"
+              << (keep ? " (kept)" : " (heuristic kept)") << "\n";
         }
   nlohmann::json doc = {{"gpu", prop.name},
                         {"copy_gbps", copy},

@@ -28,7 +28,7 @@ struct Case {
   double none_frac = 0;  // share of tokens without adapter
   RoutingKind routing = RoutingKind::kPlain;
   int block = 16;  // aligned layout block size
-  int force_tile = 0, force_ctas_per_sm = 0;
+  int force_tile = 0, force_unroll = 0;
   std::string config_path;  // "" default lookup, "none" heuristic only
 };
 

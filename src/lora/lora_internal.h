@@ -66,19 +66,28 @@ struct KernelArgs {
   int64_t dim = 0;  // K (shrink) or N (expand)
   int aligned = 0, block = 0;
   int64_t sorted_len = 0;
-  int group_cap = 0;  // plain: group pairs by virtual expert when P <= group_cap
+  int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
 };
 
+// How a CTA finds its group (see lora.cu).
+constexpr int kModePairs = 0;    // plain routing, one pair per group (P > kGroupCap)
+constexpr int kModeGrouped = 1;  // plain routing, pairs of one virtual expert, led by the first
+constexpr int kModeAligned = 2;  // the blocks of the align output
+// Plain routing groups pairs when P <= this (the member list lives in shared memory).
+constexpr int kGroupCap = 4096;
+// Pairs per pass: shrink accumulators per thread, expand t rows staged in shared memory.
+constexpr int kShrinkMembers = 4;
+constexpr int kExpandMembers = 8;
+
 // Launches the planned kernel (lora.cu). dtype kF16 or kBF16.
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
-// CTAs of the kernel that fit on one SM with `smem` dynamic shared memory (0 if unknown).
-int max_ctas_per_sm(Op op, DType dt, size_t smem);
-// Threads per CTA of each kernel and its dynamic shared memory.
+// CTAs of the kernel (U = unroll) that fit on one SM with `smem` dynamic shared memory (0 if
+// unknown).
+int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem);
+// Threads per CTA of each kernel.
 constexpr int kThreads = 256;
-// Dynamic shared memory of a launch: grouped (plain, P pairs, V virtual experts), aligned block.
-size_t smem_bytes(Op op, bool grouped, int64_t P, int64_t V, int block, int r_max);
-// Largest pair group staged at once by the expand kernel.
-constexpr int kExpandGroupTile = 32;
+// Dynamic shared memory of a launch (the member list of one group).
+size_t smem_bytes(int mode, int64_t P, int block);
 
 }  // namespace molora::lora::detail

@@ -57,7 +57,7 @@ DeviceFacts device_facts() {
 }
 
 struct Tuned {
-  int tile = 0, ctas_per_sm = 0;
+  int tile = 0, unroll = 0;
 };
 
 // Parsed config files, keyed by path and modification time.
@@ -93,15 +93,15 @@ bool lookup_tuned(const std::string& path, const Problem& pb, Tuned* out) {
     if (best_p < 0 || pm < best_p) {
       best_p = pm;
       out->tile = e.value("tile", 0);
-      out->ctas_per_sm = e.value("ctas_per_sm", 0);
+      out->unroll = e.value("unroll", 0);
     }
   }
   return best_p >= 0 && out->tile > 0;
 }
 
-int64_t pow2_floor(int64_t x) {
-  int64_t p = 1;
-  while (p * 2 <= x) p *= 2;
+int pow2_ceil(int64_t x) {
+  int p = 1;
+  while (p < x) p *= 2;
   return p;
 }
 
@@ -114,12 +114,11 @@ std::string default_config_path(const std::string& gpu_name) {
 }
 
 namespace detail {
-size_t smem_bytes(Op op, bool grouped, int64_t P, int64_t V, int block, int r_max) {
-  int64_t ints = grouped ? (2 * V + 1) + P + std::min(P, V) : block;
-  size_t b = static_cast<size_t>(ints) * 4;
-  b = (b + 15) / 16 * 16;
-  if (op == Op::kExpand) b += static_cast<size_t>(kExpandGroupTile) * r_max * 4;
-  return b;
+size_t smem_bytes(int mode, int64_t P, int block) {
+  const int64_t ints = mode == kModeGrouped   ? std::min<int64_t>(P, kGroupCap)
+                       : mode == kModeAligned ? block
+                                              : 1;
+  return static_cast<size_t>(ints + 3) / 4 * 16;
 }
 }  // namespace detail
 
@@ -134,25 +133,42 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const bool aligned = pb.routing == RoutingKind::kAligned;
   DeviceFacts dev = device_facts();
   const int sms = opt.sm_count > 0 ? opt.sm_count : (dev.sm_count > 0 ? dev.sm_count : 132);
+  const RoutingStats* st = opt.stats;
+  pl.bytes_exact = st != nullptr && st->distinct_rank8 >= 0 && st->active_pairs >= 0 &&
+                   st->active_tokens >= 0 && st->active_rank8 >= 0;
 
   pl.threads = detail::kThreads;
-  pl.group_cap = (!aligned && P <= 2048 && V <= 4096) ? 2048 : 0;
+  const int mode = aligned                  ? detail::kModeAligned
+                   : P <= detail::kGroupCap ? detail::kModeGrouped
+                                            : detail::kModePairs;
+  pl.group_cap = mode == detail::kModeGrouped ? detail::kGroupCap : 0;
   pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
-  std::string mode = aligned ? "aligned" : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
-  pl.variant = std::string(op_name(pb.op)) + "." + mode + "." + dtype_name(pb.dtype);
+  const char* mode_name =
+      aligned ? "aligned" : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
+  pl.variant = std::string(op_name(pb.op)) + "." + mode_name + "." + dtype_name(pb.dtype);
 
-  // Heuristic: enough work items to give every SM several, each item as large as allows.
-  const int64_t est_groups = std::max<int64_t>(1, std::min(P, V));
-  int tile;
+  // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
+  // min(P, V) (every pair its own virtual expert; plain-pairs: every pair).
+  int64_t est_groups = std::max<int64_t>(1, mode == detail::kModePairs ? P : std::min(P, V));
+  if (pl.bytes_exact && st->distinct_pairs >= 0 && mode != detail::kModePairs)
+    est_groups = std::max<int64_t>(1, st->distinct_pairs);
+  // Enough items for every SM to hold two CTAs (one wave in flight); each as large as allows.
+  // Enough items for every SM to hold a few CTAs; each item as large as that allows (the
+  // per-item cost is finding the group: a few dependent loads). unroll 4 (double-buffered:
+  // 8 vectors in flight per thread) keeps 3 CTAs/SM resident.
+  int tile, unroll = 4;
   if (pb.op == Op::kShrink) {
-    tile = 16;
-    while (tile > 1 && est_groups * cdiv(pb.r_max, tile) < 4LL * sms) tile /= 2;
-    tile = std::min(tile, pb.r_max);
+    // Each of the 8 warps owns rows of K (tile >= 8); smaller tiles split a row over warps.
+    tile = std::min(16, pb.r_max);
+    while (tile > 1 && est_groups * cdiv(pb.r_max, tile) < 8LL * sms) tile /= 2;
   } else {
-    tile = static_cast<int>(std::min<int64_t>(1024, pow2_floor(std::max<int64_t>(64, dim))));
-    while (tile > 64 && est_groups * cdiv(dim, tile) < 4LL * sms) tile /= 2;
+    // Four passes of 256 threads x 8 16-byte vectors over rows of r_max elements.
+    const int lpr = std::max(1, pow2_ceil(cdiv(pb.r_max, 8)));
+    tile = static_cast<int>(
+        std::min<int64_t>(4 * 8 * (detail::kThreads / lpr), std::max<int64_t>(8, dim / 8 * 8)));
+    while (tile > 64 && est_groups * cdiv(dim, tile) < 2LL * sms)
+      tile = std::max(64, tile / 16 * 8);
   }
-  int cps = 4;
   pl.source = "heuristic";
   std::string cfg = opt.config_path;
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
@@ -160,15 +176,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   Tuned tuned;
   if (cfg != "none" && lookup_tuned(cfg, pb, &tuned)) {
     tile = tuned.tile;
-    if (tuned.ctas_per_sm > 0) cps = tuned.ctas_per_sm;
+    if (tuned.unroll > 0) unroll = tuned.unroll;
     pl.source = "tuned:" + cfg;
   }
   if (opt.force_tile > 0) {
     tile = opt.force_tile;
     pl.source = "forced";
   }
-  if (opt.force_ctas_per_sm > 0) {
-    cps = opt.force_ctas_per_sm;
+  if (opt.force_unroll > 0) {
+    unroll = opt.force_unroll;
     pl.source = "forced";
   }
   if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
@@ -177,28 +193,28 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
     return Status::InvalidArgument("expand tile must be a multiple of 8 in [8, 16384], got " +
                                    std::to_string(tile));
-  if (cps < 1 || cps > 8)
-    return Status::InvalidArgument("ctas_per_sm must be in [1, 8], got " + std::to_string(cps));
+  if (unroll != 4 && unroll != 8)
+    return Status::InvalidArgument("unroll must be 4 or 8, got " + std::to_string(unroll));
   pl.tile = tile;
+  pl.unroll = unroll;
   pl.chunks = static_cast<int>(pb.op == Op::kShrink ? cdiv(pb.r_max, tile) : cdiv(dim, tile));
   pl.max_items = pl.groups * pl.chunks;
-  pl.smem_bytes =
-      detail::smem_bytes(pb.op, pl.group_cap > 0, P, V, aligned ? pb.block_size : 0, pb.r_max);
+  pl.est_items = std::min(pl.max_items, est_groups * pl.chunks);
+  if (pl.max_items > 0x7fffffffLL)
+    return Status::OutOfRange("lora: " + std::to_string(pl.max_items) +
+                              " work items exceed one grid; use a larger tile");
+  pl.smem_bytes = detail::smem_bytes(mode, P, aligned ? pb.block_size : 0);
 #if MOLORA_HAVE_CUDA
-  if (dev.sm_count > 0 && pb.dtype != DType::kF32) {
-    // Never plan more CTAs per SM than fit at once (a persistent grid must be co-resident).
-    int fit = detail::max_ctas_per_sm(pb.op, pb.dtype, pl.smem_bytes);
-    if (fit > 0 && cps > fit) cps = fit;
-  }
+  if (dev.sm_count > 0 && pb.dtype != DType::kF32)
+    pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, unroll, pl.smem_bytes);
 #endif
-  pl.ctas_per_sm = cps;
+  // A grid of the CTAs that are resident at once, each walking items grid-stride; items past
+  // the ones the device finds (aligned: num_tokens_post_pad) are never visited.
+  const int resident = pl.ctas_per_sm > 0 ? pl.ctas_per_sm : 2;
   pl.grid =
-      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, 1LL * sms * cps)));
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, 1LL * sms * resident)));
 
   // Bytes that must move: each distinct (slot, expert) weight once at its rank, plus activations.
-  const RoutingStats* st = opt.stats;
-  pl.bytes_exact = st != nullptr && st->distinct_rank8 >= 0 && st->active_pairs >= 0 &&
-                   st->active_tokens >= 0 && st->active_rank8 >= 0;
   int64_t wrank = pl.bytes_exact ? st->distinct_rank8 : std::min(P, V) * pb.r_max;
   int64_t arank = pl.bytes_exact ? st->active_rank8 : P * pb.r_max;
   int64_t apairs = pl.bytes_exact ? st->active_pairs : P;
@@ -233,21 +249,33 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
 
 std::string Plan::to_string() const {
   std::ostringstream o;
-  o << variant << " [" << source << "] tile=" << tile << " chunks=" << chunks
-    << " groups=" << groups << " items<=" << max_items << " grid=" << grid << "x" << threads << " ("
-    << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes" << (bytes_exact ? "=" : "<=") << bytes
-    << " floor=" << floor_us << "us@" << bandwidth_gbps << "GB/s";
+  o << variant << " [" << source << "] tile=" << tile << " unroll=" << unroll
+    << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
+    << "x" << threads << " (" << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes"
+    << (bytes_exact ? "=" : "<=") << bytes << " floor=" << floor_us << "us@" << bandwidth_gbps
+    << "GB/s";
   return o.str();
 }
 
 std::string Plan::to_json() const {
-  nlohmann::json j = {
-      {"variant", variant},     {"source", source},           {"threads", threads},
-      {"tile", tile},           {"chunks", chunks},           {"groups", groups},
-      {"max_items", max_items}, {"ctas_per_sm", ctas_per_sm}, {"grid", grid},
-      {"ctas", grid},           {"group_cap", group_cap},     {"smem_bytes", smem_bytes},
-      {"bytes", bytes},         {"bytes_exact", bytes_exact}, {"bandwidth_gbps", bandwidth_gbps},
-      {"floor_us", floor_us}};
+  nlohmann::json j = {{"variant", variant},
+                      {"source", source},
+                      {"threads", threads},
+                      {"tile", tile},
+                      {"unroll", unroll},
+                      {"chunks", chunks},
+                      {"groups", groups},
+                      {"est_items", est_items},
+                      {"max_items", max_items},
+                      {"ctas_per_sm", ctas_per_sm},
+                      {"grid", grid},
+                      {"ctas", grid},
+                      {"group_cap", group_cap},
+                      {"smem_bytes", smem_bytes},
+                      {"bytes", bytes},
+                      {"bytes_exact", bytes_exact},
+                      {"bandwidth_gbps", bandwidth_gbps},
+                      {"floor_us", floor_us}};
   return j.dump();
 }
 

@@ -87,9 +87,20 @@ Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStr
   a.aligned = pb.routing == RoutingKind::kAligned;
   a.block = pb.block_size;
   a.sorted_len = pb.sorted_len;
-  a.group_cap = plan_in->group_cap;
+  a.mode = pb.routing == RoutingKind::kAligned ? detail::kModeAligned
+           : plan_in->group_cap > 0            ? detail::kModeGrouped
+                                               : detail::kModePairs;
   a.tile = plan_in->tile;
   a.chunks = plan_in->chunks;
+  // A plan made for another shape would leave work items without a CTA: refuse it.
+  const int64_t groups = a.aligned ? cdiv(pb.sorted_len, pb.block_size) : a.P;
+  const int64_t chunks =
+      plan_in->tile > 0 ? cdiv(pb.op == Op::kShrink ? pb.r_max : a.dim, plan_in->tile) : 0;
+  if (plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
+      (a.mode == detail::kModeGrouped && a.P > detail::kGroupCap) || plan_in->grid < 1 ||
+      (plan_in->unroll != 4 && plan_in->unroll != 8))
+    return Status::InvalidArgument(
+        "plan does not match the problem (plan: " + plan_in->to_string() + ")");
   if (a.P == 0 || plan_in->max_items == 0) return Status::Ok();
   return detail::launch(pb.op, pb.dtype, a, *plan_in, stream);
 }
