@@ -16,7 +16,6 @@
 // outputs: same bits run to run).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_pipeline.h>
 
 #include <algorithm>
 
@@ -218,10 +217,11 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
 
 // y[p, n] += scale_s * B[v, n, :r] . t[p, :r] for n in [c*tile, min((c+1)*tile, N)).
 // lpr = pow2ceil(cdiv(r, 8)) lanes share one row (one 16-byte vector each) and reduce by
-// shuffle; each thread streams U rows per pass through a shared-memory ring (see below).
+// shuffle; U rows per thread are loaded before any is used, and y of the first pair is loaded
+// beside them.
 template <typename T, int U>
 __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, int count, int c,
-                            float* s_t, uint4* ring) {
+                            float* s_t) {
   const int64_t N = a.dim;
   const int64_t n0 = static_cast<int64_t>(c) * a.tile;
   const int64_t n1 = min(N, n0 + a.tile);
@@ -248,22 +248,20 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
                                            : 0u);
   const int row_step = rows_pass * R;  // elements between the rows of u and u + 1
   const int64_t pass_rows = static_cast<int64_t>(rows_pass) * U;
-  const int np = static_cast<int>((n1 - n0 + pass_rows - 1) / pass_rows);
-  // The weights stream through a ring of kStages passes in shared memory (cp.async, 16 bytes
-  // each): kStages - 1 passes are in flight while one is used, without holding registers.
-  // Each thread reads back only the slots it filled, so the ring needs no barrier.
-  auto issue = [&](int i) {
-    if (i < np && li < nv) {
-      const int64_t base = n0 + i * pass_rows;
-      const int64_t lim64 = n1 - base - rl;
-      const T* bp = Bw + (base + rl) * R + li * 8;
-      uint4* dst = ring + (i % kStages) * U * kThreads + tid;
+  T* const y0row = y + static_cast<int64_t>(mem[0]) * N;
+  // Loads of one pass: U weight vectors per thread, and y of the group's first pair.
+  auto load_pass = [&](int64_t base, uint4(&w)[U], float(&y0)[U]) {
+    const int64_t lim64 = n1 - base - rl;
+    const int lim = lim64 <= 0 ? 0 : static_cast<int>(min(lim64, static_cast<int64_t>(INT32_MAX)));
+    const T* bp = Bw + (base + rl) * R + li * 8;
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (u * rows_pass < lim64)
-          __pipeline_memcpy_async(dst + u * kThreads, bp + u * row_step, 16);
+    for (int u = 0; u < U; ++u) {
+      w[u] = (u * rows_pass < lim && li < nv)
+                 ? __ldcs(reinterpret_cast<const uint4*>(bp + u * row_step))
+                 : make_uint4(0, 0, 0, 0);
+      y0[u] =
+          (li == 0 && u * rows_pass < lim) ? Cvt<T>::one(y0row[base + rl + u * rows_pass]) : 0.f;
     }
-    __pipeline_commit();
   };
   auto stage = [&](int m0, int mc) {
     __syncthreads();  // earlier readers of s_t are done
@@ -273,21 +271,19 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
     }
     __syncthreads();
   };
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  uint4 wv[U];
+  float y0v[U];
+  load_pass(n0, wv, y0v);
   const bool one_tile = count <= kExpandMembers;
   if (one_tile) stage(0, count);
-  for (int i = 0; i < np; ++i) {
-    issue(i + kStages - 1);
-    __pipeline_wait_prior(kStages - 1);  // pass i has landed (this thread's copies)
-    const int64_t base = n0 + i * pass_rows;
+  for (int64_t base = n0; base < n1; base += pass_rows) {
+    uint4 wn[U];
+    float y0n[U];
+    load_pass(base + pass_rows, wn, y0n);  // next pass in flight during this one
     const int lim64c =
         static_cast<int>(min(max(n1 - base - rl, int64_t{0}), static_cast<int64_t>(INT32_MAX)));
-    const uint4* src = ring + (i % kStages) * U * kThreads + tid;
-    uint4 wv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      wv[u] = (li < nv && u * rows_pass < lim64c) ? src[u * kThreads] : make_uint4(0, 0, 0, 0);
       if (li == nv - 1) {  // past r_s: ignore whatever the padding holds
         wv[u].x &= keep.x, wv[u].y &= keep.y, wv[u].z &= keep.z, wv[u].w &= keep.w;
       }
@@ -298,9 +294,14 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
       for (int m = 0; m < mc; ++m) {
         T* yp = y + static_cast<int64_t>(mem[m0 + m]) * N + base + rl;
         float yold[U];
+        if (m0 + m == 0) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          yold[u] = (li == 0 && u * rows_pass < lim64c) ? Cvt<T>::one(yp[u * rows_pass]) : 0.f;
+          for (int u = 0; u < U; ++u) yold[u] = y0v[u];
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            yold[u] = (li == 0 && u * rows_pass < lim64c) ? Cvt<T>::one(yp[u * rows_pass]) : 0.f;
+        }
         const float4 t0 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8);
         const float4 t1 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8 + 4);
         float part[U];
@@ -328,15 +329,14 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
         }
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) wv[u] = wn[u], y0v[u] = y0n[u];
   }
 }
 
 template <Op OP, typename T, int U>
 __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Dynamic shared memory: the expand weight ring first, then the group's member list.
-  uint4* ring = reinterpret_cast<uint4*>(smem_raw);
-  int* s_mem = reinterpret_cast<int*>(smem_raw + ring_bytes(OP == Op::kExpand, U));
+  extern __shared__ int s_mem[];
   __shared__ int s_wcnt[kWarps];
   __shared__ float s_red[kWarps][kShrinkMembers];
   __shared__ __align__(16) float s_t[OP == Op::kExpand ? kExpandMembers * 128 : 4];
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
       if (c * a.tile >= r) continue;
       shrink_item<T, U>(a, v, r, s_mem, count, c, s_red);
     } else {
-      expand_item<T, U>(a, v, r, s_mem, count, c, s_t, ring);
+      expand_item<T, U>(a, v, r, s_mem, count, c, s_t);
     }
   }
 }

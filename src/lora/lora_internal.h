@@ -87,18 +87,7 @@ Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream
 int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem);
 // Threads per CTA of each kernel.
 constexpr int kThreads = 256;
-// Passes of the expand weight ring in shared memory.
-constexpr int kStages = 4;
-// Bytes of that ring (expand) for unroll U: kStages passes x U x kThreads 16-byte vectors.
-#if defined(__CUDACC__)
-#define MOLORA_LORA_HD __host__ __device__
-#else
-#define MOLORA_LORA_HD
-#endif
-constexpr MOLORA_LORA_HD size_t ring_bytes(bool expand, int unroll) {
-  return expand ? static_cast<size_t>(kStages) * unroll * kThreads * 16 : 0;
-}
-// Dynamic shared memory of a launch: the expand ring, then the member list of one group.
-size_t smem_bytes(Op op, int unroll, int mode, int64_t P, int block);
+// Dynamic shared memory of a launch (the member list of one group).
+size_t smem_bytes(int mode, int64_t P, int block);
 
 }  // namespace molora::lora::detail

@@ -114,11 +114,11 @@ std::string default_config_path(const std::string& gpu_name) {
 }
 
 namespace detail {
-size_t smem_bytes(Op op, int unroll, int mode, int64_t P, int block) {
+size_t smem_bytes(int mode, int64_t P, int block) {
   const int64_t ints = mode == kModeGrouped   ? std::min<int64_t>(P, kGroupCap)
                        : mode == kModeAligned ? block
                                               : 1;
-  return ring_bytes(op == Op::kExpand, unroll) + static_cast<size_t>(ints + 3) / 4 * 16;
+  return static_cast<size_t>(ints + 3) / 4 * 16;
 }
 }  // namespace detail
 
@@ -203,7 +203,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (pl.max_items > 0x7fffffffLL)
     return Status::OutOfRange("lora: " + std::to_string(pl.max_items) +
                               " work items exceed one grid; use a larger tile");
-  pl.smem_bytes = detail::smem_bytes(pb.op, unroll, mode, P, aligned ? pb.block_size : 0);
+  pl.smem_bytes = detail::smem_bytes(mode, P, aligned ? pb.block_size : 0);
 #if MOLORA_HAVE_CUDA
   if (dev.sm_count > 0 && pb.dtype != DType::kF32)
     pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, unroll, pl.smem_bytes);
