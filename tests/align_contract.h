@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
@@ -53,6 +54,62 @@ inline AlignSizes sizes_of(const AlignCase& c) {
   if (!moe_align_sizes(c.T, c.k, c.V, c.B, &s).ok()) s = AlignSizes{};
   return s;
 }
+
+// Host outputs of a case, every word (and kGuard guard words past each end) poisoned.
+inline AlignRun poisoned_outputs(const AlignCase& c) {
+  AlignSizes sz = sizes_of(c);
+  AlignRun r;
+  r.sorted_len = sz.sorted_token_ids;
+  r.expert_len = sz.expert_ids;
+  r.sorted.assign(sz.sorted_token_ids + kGuard, kPoison);
+  r.expert_ids.assign(sz.expert_ids + kGuard, kPoison);
+  r.post_pad.assign(1 + kGuard, kPoison);
+  r.dropped.assign(2 + kGuard, kPoison);
+  return r;
+}
+
+// The call of a case: its shape, dtype and slots, with the buffers a backend placed them in
+// (ids is int32 or int64 per c.dtype; slots is used only when the case has slots).
+struct AlignBuffers {
+  const void* ids = nullptr;
+  const int32_t* slots = nullptr;
+  int32_t *sorted = nullptr, *expert_ids = nullptr, *post_pad = nullptr, *dropped = nullptr;
+};
+
+inline AlignArgs args_of(const AlignCase& c, const AlignBuffers& b) {
+  AlignSizes sz = sizes_of(c);
+  AlignArgs a;
+  a.topk_ids = b.ids;
+  a.topk_dtype = c.dtype;
+  a.num_tokens = c.T, a.topk = c.k, a.num_experts = c.V, a.block_size = c.B;
+  if (c.has_slots) a.slot_ids = b.slots, a.num_base_experts = c.E;
+  a.sorted_token_ids = b.sorted, a.sorted_token_ids_len = sz.sorted_token_ids;
+  a.expert_ids = b.expert_ids, a.expert_ids_len = sz.expert_ids;
+  a.num_tokens_post_pad = b.post_pad;
+  a.num_dropped = b.dropped;
+  return a;
+}
+
+// The CPU reference as a backend (align_test runs the contract on it; align_gpu_test compares
+// the CUDA path with it bit for bit).
+struct CpuBackend {
+  static Status available() { return Status::Ok(); }
+  static AlignRun run(const AlignCase& c, const std::function<void(AlignArgs&)>& tweak) {
+    AlignRun r = poisoned_outputs(c);
+    std::vector<int32_t> ids32 = ids_i32(c);
+    AlignBuffers b;
+    b.ids = c.dtype == DType::kI64 ? static_cast<const void*>(c.ids.data())
+                                   : static_cast<const void*>(ids32.data());
+    b.slots = c.slots.data();
+    b.sorted = r.sorted.data(), b.expert_ids = r.expert_ids.data();
+    b.post_pad = r.post_pad.data(), b.dropped = r.dropped.data();
+    AlignArgs a = args_of(c, b);
+    if (tweak) tweak(a);
+    r.status = moe_align_block_size_cpu(a);
+    return r;
+  }
+  static void extra_rejections(const AlignCase&) {}
+};
 
 // Independent oracle: expected outputs (without guards).
 struct Expected {
@@ -251,6 +308,23 @@ TYPED_TEST_P(AlignContract, SlotsFormVirtualIds) {
   check_case<TypeParam>(c, "slots");
 }
 
+// The CUDA path switches from one launch to three past 4,096 pairs and slices the pairs by 4,096:
+// sizes on each side of both, with buckets that span slices.
+TYPED_TEST_P(AlignContract, PathAndSliceBoundaries) {
+  MOLORA_ALIGN_BACKEND_SKIP();
+  const uint64_t seed = fresh_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 g(seed);
+  for (int64_t numel : {4095, 4096, 4097, 8191, 8192, 8193, 12289})
+    for (int64_t V : {3, 600}) {
+      check_case<TypeParam>(random_case(g, numel, 1, V, 16, false), "seed=" + std::to_string(seed));
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  check_case<TypeParam>(random_case(g, 1024, 4, 1024, 32, true), "seed=" + std::to_string(seed));
+  check_case<TypeParam>(random_case(g, 1025, 4, 1024, 32, true), "seed=" + std::to_string(seed));
+  check_case<TypeParam>(same_expert_case(4097, 2, 70, 256, 69), "same past the one-launch path");
+}
+
 TYPED_TEST_P(AlignContract, LargestShapes) {
   MOLORA_ALIGN_BACKEND_SKIP();
   std::mt19937_64 g(fresh_seed());
@@ -303,7 +377,7 @@ TYPED_TEST_P(AlignContract, BadArgumentsAreRejectedAndNothingIsWritten) {
 
 REGISTER_TYPED_TEST_SUITE_P(AlignContract, EdgesOfTokensAndBlockSize, EdgesOfExperts,
                             AllSameExpertAndExtremeIds, RandomWithInt64AndSlots,
-                            SlotsFormVirtualIds, LargestShapes,
+                            SlotsFormVirtualIds, PathAndSliceBoundaries, LargestShapes,
                             BadArgumentsAreRejectedAndNothingIsWritten);
 
 }  // namespace molora::align_test

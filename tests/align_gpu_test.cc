@@ -34,6 +34,11 @@ struct DevBuf {
   void put(const std::vector<T>& h) {
     if (!h.empty()) cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
+  // Stream-ordered copy (the graph test: the replay runs on a non-blocking stream, which does not
+  // wait for work on the legacy default stream).
+  void put_async(const std::vector<T>& h, cudaStream_t s) {
+    if (!h.empty()) cudaMemcpyAsync(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s);
+  }
   void get(std::vector<T>* h) const {
     if (!h->empty()) cudaMemcpy(h->data(), p, h->size() * sizeof(T), cudaMemcpyDeviceToHost);
   }
@@ -45,14 +50,8 @@ struct GpuBackend {
   static Status available() { return require_gpu(); }
   // Run with optional host-pointer substitutions (`host_arg`: which argument gets host memory).
   static AlignRun run(const AlignCase& c, const std::function<void(AlignArgs&)>& tweak) {
+    AlignRun r = poisoned_outputs(c);
     AlignSizes sz = sizes_of(c);
-    AlignRun r;
-    r.sorted_len = sz.sorted_token_ids;
-    r.expert_len = sz.expert_ids;
-    r.sorted.assign(sz.sorted_token_ids + kGuard, kPoison);
-    r.expert_ids.assign(sz.expert_ids + kGuard, kPoison);
-    r.post_pad.assign(1 + kGuard, kPoison);
-    r.dropped.assign(2 + kGuard, kPoison);
     std::vector<int32_t> ids32 = ids_i32(c);
     DevBuf<int32_t> d_ids32(ids32.size());
     DevBuf<int64_t> d_ids64(c.ids.size());
@@ -68,16 +67,12 @@ struct GpuBackend {
     const size_t ws_words = sz.workspace_bytes / 4 + 4;
     DevBuf<int32_t> d_ws(ws_words);
     CKR(cudaMemset(d_ws.p, 0xA5, ws_words * 4));  // a poisoned workspace: no zeroing is needed
-    AlignArgs a;
-    a.topk_ids = c.dtype == DType::kI64 ? static_cast<const void*>(d_ids64.p)
-                                        : static_cast<const void*>(d_ids32.p);
-    a.topk_dtype = c.dtype;
-    a.num_tokens = c.T, a.topk = c.k, a.num_experts = c.V, a.block_size = c.B;
-    if (c.has_slots) a.slot_ids = d_slots.p, a.num_base_experts = c.E;
-    a.sorted_token_ids = d_sorted.p, a.sorted_token_ids_len = sz.sorted_token_ids;
-    a.expert_ids = d_eids.p, a.expert_ids_len = sz.expert_ids;
-    a.num_tokens_post_pad = d_post.p;
-    a.num_dropped = d_drop.p;
+    AlignBuffers b;
+    b.ids = c.dtype == DType::kI64 ? static_cast<const void*>(d_ids64.p)
+                                   : static_cast<const void*>(d_ids32.p);
+    b.slots = d_slots.p;
+    b.sorted = d_sorted.p, b.expert_ids = d_eids.p, b.post_pad = d_post.p, b.dropped = d_drop.p;
+    AlignArgs a = args_of(c, b);
     a.workspace = d_ws.p, a.workspace_bytes = sz.workspace_bytes;
     if (tweak) tweak(a);
     r.status = moe_align_block_size(a, nullptr);
@@ -102,27 +97,6 @@ struct GpuBackend {
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Gpu, AlignContract, GpuBackend);
 
-// Runs the CPU reference on the same case (host buffers).
-static void run_cpu(const AlignCase& c, AlignRun* out) {
-  AlignSizes sz = sizes_of(c);
-  out->sorted.assign(sz.sorted_token_ids, kPoison);
-  out->expert_ids.assign(sz.expert_ids, kPoison);
-  out->post_pad.assign(1, kPoison);
-  out->dropped.assign(2, kPoison);
-  std::vector<int32_t> ids32 = ids_i32(c);
-  AlignArgs a;
-  a.topk_ids = c.dtype == DType::kI64 ? static_cast<const void*>(c.ids.data())
-                                      : static_cast<const void*>(ids32.data());
-  a.topk_dtype = c.dtype;
-  a.num_tokens = c.T, a.topk = c.k, a.num_experts = c.V, a.block_size = c.B;
-  if (c.has_slots) a.slot_ids = c.slots.data(), a.num_base_experts = c.E;
-  a.sorted_token_ids = out->sorted.data(), a.sorted_token_ids_len = sz.sorted_token_ids;
-  a.expert_ids = out->expert_ids.data(), a.expert_ids_len = sz.expert_ids;
-  a.num_tokens_post_pad = out->post_pad.data();
-  a.num_dropped = out->dropped.data();
-  out->status = moe_align_block_size_cpu(a);
-}
-
 TEST(AlignGpu, BitExactWithCpuReference) {
   MOLORA_SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
@@ -132,11 +106,8 @@ TEST(AlignGpu, BitExactWithCpuReference) {
     for (int64_t T : {1, 16, 64, 256, 4096})
       for (int64_t B : {16, 64}) {
         AlignCase c = random_case(g, T, 8, V, B, (T + V) % 3 == 0);
-        AlignRun cpu, gpu = GpuBackend::run(c, {});
-        run_cpu(c, &cpu);
+        AlignRun gpu = GpuBackend::run(c, {}), cpu = CpuBackend::run(c, {});
         ASSERT_TRUE(gpu.status.ok() && cpu.status.ok());
-        gpu.sorted.resize(cpu.sorted.size());
-        gpu.expert_ids.resize(cpu.expert_ids.size());
         ASSERT_EQ(gpu.sorted, cpu.sorted) << "seed " << seed << " V=" << V << " T=" << T;
         ASSERT_EQ(gpu.expert_ids, cpu.expert_ids) << "seed " << seed;
         ASSERT_EQ(gpu.post_pad[0], cpu.post_pad[0]);
@@ -147,12 +118,14 @@ TEST(AlignGpu, BitExactWithCpuReference) {
 
 // Capture one call into a CUDA graph, then replay it after overwriting the inputs: the replay
 // must produce the new inputs' result, which proves nothing was read or decided on the host.
-TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
-  MOLORA_SKIP_WITHOUT_GPU();
+// New inputs and the output poison are written on the replay stream itself: that stream is
+// non-blocking, so a cudaMemset / cudaMemcpy on the legacy default stream would not be ordered
+// before the replay (the poison landed after the kernel's stores in an earlier version of this
+// test). Both paths: 200 x 8 pairs (one launch) and 1000 x 8 (three launches).
+static void capture_and_replay(int64_t T, int64_t k, int64_t V, int64_t B) {
   const uint64_t seed = fresh_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::printf("seed %llu T=%lld\n", static_cast<unsigned long long>(seed), (long long)T);
   std::mt19937_64 g(seed);
-  const int64_t T = 200, k = 8, V = 8192, B = 16;
   AlignSizes sz;
   ASSERT_TRUE(moe_align_sizes(T, k, V, B, &sz).ok());
   DevBuf<int32_t> ids(T * k), slots(T), sorted(sz.sorted_token_ids), eids(sz.expert_ids), post(1),
@@ -167,8 +140,10 @@ TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   AlignCase c0 = random_case(g, T, k, V, B, true);
-  ids.put(ids_i32(c0));
-  slots.put(c0.slots);
+  std::vector<int32_t> hids0 = ids_i32(c0);
+  ids.put_async(hids0, s);
+  slots.put_async(c0.slots, s);
+  CK(cudaStreamSynchronize(s));
   cudaGraph_t graph;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   Status st = moe_align_block_size(a, s);
@@ -179,10 +154,13 @@ TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
   for (int rep = 0; rep < 3; ++rep) {
     AlignCase c = random_case(g, T, k, V, B, true);
     c.E = 256;
-    ids.put(ids_i32(c));
-    slots.put(c.slots);
-    CK(cudaMemset(sorted.p, 0x7f, sz.sorted_token_ids * 4));
-    CK(cudaMemset(eids.p, 0x7f, sz.expert_ids * 4));
+    std::vector<int32_t> hids = ids_i32(c);
+    ids.put_async(hids, s);
+    slots.put_async(c.slots, s);
+    CK(cudaMemsetAsync(sorted.p, 0x7f, sz.sorted_token_ids * 4, s));
+    CK(cudaMemsetAsync(eids.p, 0x7f, sz.expert_ids * 4, s));
+    CK(cudaMemsetAsync(post.p, 0x7f, 4, s));
+    CK(cudaMemsetAsync(drop.p, 0x7f, 8, s));
     CK(cudaGraphLaunch(exec, s));
     CK(cudaStreamSynchronize(s));
     Expected e = oracle(c);
@@ -200,6 +178,13 @@ TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(s));
+}
+
+TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  capture_and_replay(200, 8, 8192, 16);
+  if (::testing::Test::HasFatalFailure()) return;
+  capture_and_replay(1000, 8, 8192, 64);
 }
 
 }  // namespace molora::align_test

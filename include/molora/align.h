@@ -22,9 +22,10 @@
 // id outside [0, E) or a v outside [0, V) is dropped and counted in num_dropped[0].
 //
 // The call allocates nothing: the caller passes the outputs and a workspace sized by
-// moe_align_sizes(). The CUDA path is two kernel launches on `stream`, no host synchronisation,
-// and is legal under stream capture (CUDA graphs). All sizes depend only on (num_tokens, topk,
-// num_experts, block_size), so a captured call can be replayed with new ids.
+// moe_align_sizes(). The CUDA path is one kernel launch on `stream` when numel <= 4096 and three
+// otherwise, no host synchronisation, and is legal under stream capture (CUDA graphs). All sizes
+// depend only on (num_tokens, topk, num_experts, block_size), so a captured call can be replayed
+// with new ids.
 #pragma once
 
 #include <cstdint>
@@ -85,8 +86,10 @@ struct AlignArgs {
 // Called by both entry points before anything is written.
 Status moe_align_check(const AlignArgs& args, bool cuda_path);
 
-// CUDA path: two launches on `stream` (a fill + per-range histogram kernel, then a scatter kernel),
-// no host synchronisation, no allocation, capturable. Unavailable without CUDA.
+// CUDA path: one launch on `stream` for numel <= 4096 (each CTA fills its slice of the outputs and,
+// where the slice can hold used positions, sorts all pairs itself), three otherwise (per-slice sort
+// and counts + fill, per-range scan, scatter); no host synchronisation, no allocation,
+// capturable. Unavailable without CUDA. docs/align.md has the design and the measured numbers.
 Status moe_align_block_size(const AlignArgs& args, cudaStream_t stream);
 
 // CPU reference: the specification the CUDA path is tested against bit for bit.

@@ -1,25 +1,35 @@
-// moe_align_block_size, CUDA path: two launches, no host synchronisation, no allocation.
+// moe_align_block_size, CUDA path: one launch (numel <= 4096) or three, no host synchronisation,
+// no allocation.
 //
-// The V experts are split into R ranges of kExpertsPerRange (512); CTA r owns range r.
+// The building block (sort_pairs): one CTA of 512 threads loads up to 4096 pairs, forms the
+// virtual id v of each, and sorts the keys (v << ibits | local index) with cub::BlockRadixSort
+// over the bits that can be set. Keys are unique, so the result is the ascending flat index within
+// each bucket, the CPU reference's order, whatever order the loads came in. Neighbour compares
+// then give each sorted pair its bucket's head, its rank inside the bucket and, at a bucket's last
+// pair, the bucket's size; one block scan gives the block offset of every bucket.
 //
-// Launch 1 (molora_align_count): every CTA of the grid fills its share of sorted_token_ids with
-//   the sentinel and of expert_ids with -1 (the fill is spread over up to 2 CTAs per SM). The
-//   first R CTAs also each read all numel ids, form the virtual id, histogram the pairs of their
-//   range in shared memory (warp-aggregated), and write the block offset of each of their experts
-//   inside the range (loc) and the range's block total (part). CTA r also stores the virtual ids
-//   of its share of the pairs (vbuf) for launch 2, and CTA 0 counts the dropped pairs.
-// Launch 2 (molora_align_scatter): CTA r sums part[0..r) (its base) and part[0..R) (the total),
-//   writes the expert id of each of its range's blocks, and places the pairs of its range: each
-//   of its 16 warps takes a contiguous segment of vbuf, counts the pairs per expert (phase A),
-//   the per-warp counts are turned into exclusive prefixes over the warps (B), and each warp walks
-//   its segment again, ranking equal experts inside each 32-pair step with __match_any_sync (C).
-//   Pairs therefore land in ascending flat index within a bucket — the CPU reference's order.
+// One launch (molora_align_small), decode sizes: the outputs are cut into G slices of P positions
+// (P a multiple of B, so slice c also owns expert_ids blocks [c*P/B, (c+1)*P/B)). Every CTA fills
+// its slice with the sentinel / -1. No used position can lie at or past
+// X = numel + min(V, numel) * (B - 1), so the CTAs whose slice starts below X (and CTA 0) also sort
+// all the pairs themselves and, after a __syncthreads, write the pairs and block experts that fall
+// in their own slice. CTAs never exchange data, so one launch suffices.
 //
-// Work: each owner CTA reads the numel ids three times (from L2); the fills are spread over the
-// whole grid; nothing is serial over V or over the CTAs.
+// Three launches, prefill sizes: the pairs are cut into C slices of 4096, the experts into R ranges
+// of 512.
+//   1. molora_align_count: slice CTA c sorts its pairs, writes each pair's packed (v, rank in the
+//      slice) into vbuf and the slice's per-expert counts into row c of a [C][V] table; the other
+//      CTAs fill sorted_token_ids / expert_ids with the sentinel / -1.
+//   2. molora_align_scan: range CTA r turns the column of each of its experts into the exclusive
+//      prefix over the slices (in place), pads each expert's total to blocks and scans them inside
+//      the range (loc) and writes the range total (part); CTA 0 sums the per-slice drop counts.
+//   3. molora_align_scatter: every CTA scans part (R <= 128 words) for the range bases; range CTAs
+//      write the expert id of each of their blocks, pair CTAs place each pair at
+//      (base + loc[v]) * B + prefix[c][v] + rank.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -31,15 +41,28 @@ namespace molora {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
 constexpr int kRange = static_cast<int>(align_detail::kExpertsPerRange);
-constexpr int kUnroll = 4;
-static_assert(kRange == kThreads, "one expert of the range per thread in the scans");
+constexpr int kSliceItems = static_cast<int>(align_detail::kSlicePairs) / kThreads;
+constexpr int kSliceBits = 12;  // local index bits of a slice
+constexpr int kMaxRanges = static_cast<int>(kAlignMaxExperts / align_detail::kExpertsPerRange);
+constexpr int kScatterItems = 4;
+constexpr uint32_t kNoKey = 0xffffffffu;
+static_assert(kRange == kThreads, "one expert of a range per thread");
+static_assert(kThreads * kSliceItems == align_detail::kSlicePairs, "slice = one CTA's items");
+static_assert((1 << kSliceBits) == align_detail::kSlicePairs, "slice index bits");
+static_assert(align_detail::kSmallPairs <= align_detail::kSlicePairs, "small path fits a CTA");
+static_assert(kMaxRanges <= kThreads, "one range per thread in the base scan");
 
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// Fills p[0, n) with `value`, the grid's threads each taking 16-byte stores.
+struct MaxOp {
+  __device__ __forceinline__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+
+// Fills p[0, n) with `value`, threads tid of nthreads each taking 16-byte stores.
 __device__ void fill_i32(int32_t* p, int64_t n, int32_t value, int64_t tid, int64_t nthreads) {
+  if (n <= 0) return;
   int64_t head = ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) / 4;
   if (head > n) head = n;
   if (tid < head) p[tid] = value;
@@ -51,95 +74,261 @@ __device__ void fill_i32(int32_t* p, int64_t n, int32_t value, int64_t tid, int6
   if (tid < n - tail0) p[tail0 + tid] = value;
 }
 
+// The routing inputs. Exactly one of i32 / i64 is set.
+struct Ids {
+  const int32_t* i32;
+  const int64_t* i64;
+  const int32_t* slots;  // may be null
+  unsigned topk;
+  int64_t E, V;
+};
+
 // Virtual id of pair i: >= 0 its bucket, -1 invalid id, -2 slot -1 (no adapter).
-template <typename Id>
-__device__ __forceinline__ int vid_of(const Id* ids, const int32_t* slots, int64_t i, int topk,
-                                      int64_t E, int64_t V) {
-  int64_t e = static_cast<int64_t>(ids[i]);
-  if (slots != nullptr) {
-    int64_t s = slots[i / topk];
+__device__ __forceinline__ int vid_of(const Ids& d, int64_t i) {
+  int64_t e = d.i64 != nullptr ? d.i64[i] : static_cast<int64_t>(d.i32[i]);
+  if (d.slots != nullptr) {
+    const int64_t s = d.slots[static_cast<unsigned>(i) / d.topk];
     if (s == -1) return -2;
-    if (s < 0 || e < 0 || e >= E) return -1;
-    e = s * E + e;
+    if (s < 0 || e < 0 || e >= d.E) return -1;
+    e = s * d.E + e;  // s < 2^31, E <= 2^16: no overflow
   }
-  return (e >= 0 && e < V) ? static_cast<int>(e) : -1;
+  return (e >= 0 && e < d.V) ? static_cast<int>(e) : -1;
 }
 
-struct CountParams {
+template <int ITEMS>
+struct SortStorage {
+  union {
+    typename cub::BlockRadixSort<uint32_t, kThreads, ITEMS>::TempStorage sort;
+    typename cub::BlockScan<int, kThreads>::TempStorage scan;
+    typename cub::BlockReduce<int, kThreads>::TempStorage reduce;
+  } tmp;
+  uint32_t keys[kThreads * ITEMS];
+};
+
+// Thread t's ITEMS consecutive sorted pairs (sorted positions q = t*ITEMS + j).
+template <int ITEMS>
+struct Sorted {
+  uint32_t key[ITEMS];  // v << ibits | local index, kNoKey past the valid pairs
+  int rank[ITEMS];      // rank of the pair inside its bucket
+  int count[ITEMS];     // at a bucket's last pair: the bucket's size; else 0
+  int drops;            // this thread's drop counts, packed: invalid | no_adapter << 16
+};
+
+// Loads pairs [first, first + n) (n <= kThreads * ITEMS) and sorts them by (bucket, index).
+// With vbuf, every pair that goes to no bucket gets vbuf[first + l] = -1.
+template <int ITEMS>
+__device__ void sort_pairs(const Ids& ids, int64_t first, int n, int ibits, int end_bit,
+                           int32_t* vbuf, SortStorage<ITEMS>& sm, Sorted<ITEMS>& out) {
+  int invalid = 0, no_adapter = 0;
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {  // striped loads: coalesced; the keys fix the order anyway
+    const int l = j * kThreads + static_cast<int>(threadIdx.x);
+    uint32_t key = kNoKey;
+    if (l < n) {
+      const int v = vid_of(ids, first + l);
+      if (v >= 0) {
+        key = (static_cast<uint32_t>(v) << ibits) | static_cast<uint32_t>(l);
+      } else {
+        invalid += v == -1;
+        no_adapter += v == -2;
+        if (vbuf != nullptr) vbuf[first + l] = -1;
+      }
+    }
+    out.key[j] = key;
+  }
+  out.drops = invalid | (no_adapter << 16);
+  cub::BlockRadixSort<uint32_t, kThreads, ITEMS>(sm.tmp.sort).Sort(out.key, 0, end_bit);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) sm.keys[threadIdx.x * ITEMS + j] = out.key[j];
+  __syncthreads();  // keys visible; the sort's storage may be reused
+
+  constexpr int kCap = kThreads * ITEMS;
+  int head_at[ITEMS];
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int q = static_cast<int>(threadIdx.x) * ITEMS + j;
+    const uint32_t key = out.key[j];
+    const bool valid = key != kNoKey;  // valid keys are < 2^28
+    const uint32_t v = key >> ibits;
+    const bool head = valid && (q == 0 || (sm.keys[q - 1] >> ibits) != v);
+    const uint32_t next = q + 1 < kCap ? sm.keys[q + 1] : kNoKey;
+    out.count[j] = (valid && (next == kNoKey || (next >> ibits) != v)) ? 1 : 0;  // tail flag
+    head_at[j] = head ? q : 0;
+  }
+  int head[ITEMS];
+  cub::BlockScan<int, kThreads>(sm.tmp.scan).InclusiveScan(head_at, head, MaxOp());
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int q = static_cast<int>(threadIdx.x) * ITEMS + j;
+    out.rank[j] = q - head[j];
+    out.count[j] = out.count[j] ? out.rank[j] + 1 : 0;
+  }
+  __syncthreads();  // the scan's storage may be reused
+}
+
+// Sum of every thread's packed drop counts into num_dropped[0..1] (thread 0 writes).
+template <int ITEMS>
+__device__ void write_drops(int drops, SortStorage<ITEMS>& sm, int32_t* dst) {
+  const int sum = cub::BlockReduce<int, kThreads>(sm.tmp.reduce).Sum(drops);
+  if (threadIdx.x == 0) {
+    dst[0] = sum & 0xffff;
+    dst[1] = sum >> 16;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One launch.
+
+struct SmallParams {
+  Ids ids;
   int32_t* sorted_token_ids;
   int64_t sorted_len;
   int32_t* expert_ids;
   int64_t expert_len;
+  int32_t* num_tokens_post_pad;
   int32_t* num_dropped;  // may be null
-  int32_t* vbuf;
-  int32_t* loc;
-  int32_t* part;
-  const int32_t* slot_ids;  // may be null
-  int64_t numel, V, E;
-  int topk, block_shift, ranges;
+  int64_t slice;         // P: positions per CTA, a multiple of B
+  int64_t layout_end;    // X: no used position at or past it
+  int numel, block_shift, ibits, end_bit;
 };
 
-template <typename Id>
-__global__ void __launch_bounds__(kThreads)
-    molora_align_count(CountParams p, const Id* __restrict__ ids) {
-  const int64_t nthreads = static_cast<int64_t>(gridDim.x) * kThreads;
-  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  fill_i32(p.sorted_token_ids, p.sorted_len, static_cast<int32_t>(p.numel), gtid, nthreads);
-  fill_i32(p.expert_ids, p.expert_len, -1, gtid, nthreads);
-  if (static_cast<int>(blockIdx.x) >= p.ranges) return;
+template <int ITEMS>
+__global__ void __launch_bounds__(kThreads) molora_align_small(SmallParams p) {
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * p.slice;
+  const int64_t p1 = imin64(p0 + p.slice, p.sorted_len);
+  const int64_t b0 = p0 >> p.block_shift;
+  const int64_t b1 = imin64(b0 + (p.slice >> p.block_shift), p.expert_len);
+  fill_i32(p.sorted_token_ids + p0, p1 - p0, p.numel, threadIdx.x, kThreads);
+  fill_i32(p.expert_ids + b0, b1 - b0, -1, threadIdx.x, kThreads);
+  if (blockIdx.x != 0 && p0 >= p.layout_end) return;
 
-  __shared__ int hist[kRange];
-  const int r = blockIdx.x;
-  const int lo = r * kRange;
-  const int n_r = static_cast<int>(imin64(p.V - lo, kRange));
-  const int lane = threadIdx.x & 31;
-  hist[threadIdx.x] = 0;
+  __shared__ SortStorage<ITEMS> sm;
+  Sorted<ITEMS> s;
+  sort_pairs<ITEMS>(p.ids, 0, p.numel, p.ibits, p.end_bit, nullptr, sm, s);
+  // Block offset of each pair's bucket: exclusive sum of the bucket block counts at their tails.
+  int blocks[ITEMS], offset[ITEMS], total = 0;
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j)
+    blocks[j] = (s.count[j] + (1 << p.block_shift) - 1) >> p.block_shift;
+  cub::BlockScan<int, kThreads>(sm.tmp.scan).ExclusiveSum(blocks, offset, total);
+  // The fill above and the scan's barriers order this CTA's sentinel stores before its pairs.
   __syncthreads();
-
-  int dropped = 0, no_adapter = 0;
-  const int64_t step = static_cast<int64_t>(kThreads) * kUnroll;
-  for (int64_t base = 0; base < p.numel; base += step) {  // warp-uniform trip count
-    int v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * kThreads + threadIdx.x;
-      v[u] = i < p.numel ? vid_of(ids, p.slot_ids, i, p.topk, p.E, p.V) : -3;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * kThreads + threadIdx.x;
-      const int64_t iter = base / kThreads + u;
-      if (i < p.numel && iter % p.ranges == r) p.vbuf[i] = v[u] < 0 ? -1 : v[u];
-      dropped += v[u] == -1;
-      no_adapter += v[u] == -2;
-      const int x = v[u] - lo;
-      const bool mine = v[u] >= 0 && x < n_r && x >= 0;
-      const unsigned peers = __match_any_sync(0xffffffffu, mine ? x : kRange + lane);
-      if (mine && lane == __ffs(peers) - 1) atomicAdd(&hist[x], __popc(peers));
+  for (int j = 0; j < ITEMS; ++j) {
+    const uint32_t key = s.key[j];
+    if (key == kNoKey) continue;
+    const int64_t pos = (static_cast<int64_t>(offset[j]) << p.block_shift) + s.rank[j];
+    if (pos >= p0 && pos < p1)
+      p.sorted_token_ids[pos] = static_cast<int32_t>(key & ((1u << p.ibits) - 1u));
+    if (blocks[j] > 0) {  // last pair of its bucket: the bucket's blocks in this slice
+      const int v = static_cast<int>(key >> p.ibits);
+      const int64_t lo = imax64(offset[j], b0), hi = imin64(offset[j] + blocks[j], b1);
+      for (int64_t b = lo; b < hi; ++b) p.expert_ids[b] = v;
     }
   }
-  __syncthreads();
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) p.num_tokens_post_pad[0] = total << p.block_shift;
+    if (p.num_dropped != nullptr) write_drops<ITEMS>(s.drops, sm, p.num_dropped);
+  }
+}
 
+// ---------------------------------------------------------------------------------------------
+// Three launches.
+
+struct CountParams {
+  Ids ids;
+  int32_t* sorted_token_ids;
+  int64_t sorted_len;
+  int32_t* expert_ids;
+  int64_t expert_len;
+  int32_t* vbuf;
+  int32_t* counts;  // [C][V]
+  int32_t* drops;   // [C][2]
+  int numel, V, end_bit, slices, fill_ctas;
+};
+
+__global__ void __launch_bounds__(kThreads) molora_align_count(CountParams p) {
+  if (static_cast<int>(blockIdx.x) >= p.slices) {
+    const int64_t tid = static_cast<int64_t>(blockIdx.x - p.slices) * kThreads + threadIdx.x;
+    const int64_t nthreads = static_cast<int64_t>(p.fill_ctas) * kThreads;
+    fill_i32(p.sorted_token_ids, p.sorted_len, p.numel, tid, nthreads);
+    fill_i32(p.expert_ids, p.expert_len, -1, tid, nthreads);
+    return;
+  }
+  const int c = blockIdx.x;
+  const int64_t first = static_cast<int64_t>(c) * align_detail::kSlicePairs;
+  const int n = static_cast<int>(imin64(p.numel - first, align_detail::kSlicePairs));
+  int32_t* row = p.counts + static_cast<int64_t>(c) * p.V;
+  fill_i32(row, p.V, 0, threadIdx.x, kThreads);
+
+  __shared__ SortStorage<kSliceItems> sm;
+  Sorted<kSliceItems> s;
+  sort_pairs<kSliceItems>(p.ids, first, n, kSliceBits, p.end_bit, p.vbuf, sm, s);
+  // sort_pairs ends with a barrier: the row is zero before the counts land.
+#pragma unroll
+  for (int j = 0; j < kSliceItems; ++j) {
+    const uint32_t key = s.key[j];
+    if (key == kNoKey) continue;
+    const int v = static_cast<int>(key >> kSliceBits);
+    const int l = static_cast<int>(key & ((1u << kSliceBits) - 1u));
+    p.vbuf[first + l] = (v << kSliceBits) | s.rank[j];
+    if (s.count[j] > 0) row[v] = s.count[j];
+  }
+  write_drops<kSliceItems>(s.drops, sm, p.drops + 2 * c);
+}
+
+struct ScanParams {
+  int32_t* counts;  // [C][V]: counts in, exclusive prefix over the slices out
+  int32_t* loc;
+  int32_t* part;
+  const int32_t* drops;  // [C][2]
+  int32_t* num_dropped;  // may be null
+  int V, slices, block_shift;
+};
+
+__global__ void __launch_bounds__(kThreads) molora_align_scan(ScanParams p) {
+  const int r = blockIdx.x;
+  const int v = r * kRange + static_cast<int>(threadIdx.x);
+  int total = 0;
+  if (v < p.V) {
+    int32_t* col = p.counts + v;
+    constexpr int kU = 8;  // loads in flight per thread
+    for (int c0 = 0; c0 < p.slices; c0 += kU) {
+      int x[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        x[u] = c0 + u < p.slices ? col[static_cast<int64_t>(c0 + u) * p.V] : 0;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (c0 + u < p.slices) col[static_cast<int64_t>(c0 + u) * p.V] = total;
+        total += x[u];
+      }
+    }
+  }
+  const int blocks = (total + (1 << p.block_shift) - 1) >> p.block_shift;
   using Scan = cub::BlockScan<int, kThreads>;
   using Reduce = cub::BlockReduce<int, kThreads>;
   __shared__ union {
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
   } tmp;
-  const int x = threadIdx.x;
-  const int blocks = x < n_r ? (hist[x] + (1 << p.block_shift) - 1) >> p.block_shift : 0;
   int offset = 0, range_total = 0;
   Scan(tmp.scan).ExclusiveSum(blocks, offset, range_total);
-  if (x < n_r) p.loc[lo + x] = offset;
-  if (x == 0) p.part[r] = range_total;
+  if (v < p.V) p.loc[v] = offset;
+  if (threadIdx.x == 0) p.part[r] = range_total;
   if (r == 0 && p.num_dropped != nullptr) {
+    int d = 0, na = 0;
+    for (int c = threadIdx.x; c < p.slices; c += kThreads) {
+      d += p.drops[2 * c];
+      na += p.drops[2 * c + 1];
+    }
     __syncthreads();
-    const int d = Reduce(tmp.reduce).Sum(dropped);
+    const int ds = Reduce(tmp.reduce).Sum(d);
     __syncthreads();
-    const int na = Reduce(tmp.reduce).Sum(no_adapter);
+    const int ns = Reduce(tmp.reduce).Sum(na);
     if (threadIdx.x == 0) {
-      p.num_dropped[0] = d;
-      p.num_dropped[1] = na;
+      p.num_dropped[0] = ds;
+      p.num_dropped[1] = ns;
     }
   }
 }
@@ -149,111 +338,71 @@ struct ScatterParams {
   int32_t* expert_ids;
   int32_t* num_tokens_post_pad;
   const int32_t* vbuf;
+  const int32_t* prefix;  // [C][V]
   const int32_t* loc;
   const int32_t* part;
-  int64_t numel, V;
-  int block_shift, ranges;
+  int numel, V, block_shift, ranges;
 };
 
 __global__ void __launch_bounds__(kThreads) molora_align_scatter(ScatterParams p) {
-  __shared__ int hw[kWarps][kRange];  // per-warp counts, then per-warp running offsets
+  __shared__ int sbase[kMaxRanges];
   __shared__ int sloc[kRange + 1];
-  __shared__ int s_base, s_total;
-  const int r = blockIdx.x;
-  const int lo = r * kRange;
-  const int n_r = static_cast<int>(imin64(p.V - lo, kRange));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ typename cub::BlockScan<int, kThreads>::TempStorage scan;
+  const int tid = threadIdx.x;
+  const int pb = tid < p.ranges ? p.part[tid] : 0;
+  int base = 0, total = 0;
+  cub::BlockScan<int, kThreads>(scan).ExclusiveSum(pb, base, total);
+  if (tid < p.ranges) sbase[tid] = base;
 
-  if (threadIdx.x == 0) s_base = s_total = 0;
-  for (int w = 0; w < kWarps; ++w) hw[w][threadIdx.x] = 0;
-  if (static_cast<int>(threadIdx.x) < n_r) sloc[threadIdx.x] = p.loc[lo + threadIdx.x];
-  __syncthreads();
-  int my_base = 0, my_total = 0;
-  for (int q = threadIdx.x; q < p.ranges; q += kThreads) {
-    const int b = p.part[q];
-    my_total += b;
-    if (q < r) my_base += b;
-  }
-  if (my_total) atomicAdd(&s_total, my_total);
-  if (my_base) atomicAdd(&s_base, my_base);
-  if (threadIdx.x == 0) sloc[n_r] = p.part[r];
-  __syncthreads();
-  const int base_r = s_base;
-  const int range_blocks = sloc[n_r];
-  if (r == 0 && threadIdx.x == 0) p.num_tokens_post_pad[0] = s_total << p.block_shift;
-
-  // Expert id of each block of the range: the last expert whose offset is <= the block.
-  for (int j = threadIdx.x; j < range_blocks; j += kThreads) {
-    int a = 0, b = n_r;  // invariant: sloc[a] <= j < sloc[b] (sloc[n_r] = range_blocks)
-    while (b - a > 1) {
-      const int m = (a + b) >> 1;
-      if (sloc[m] <= j)
-        a = m;
-      else
-        b = m;
-    }
-    p.expert_ids[base_r + j] = lo + a;
-  }
-
-  const int64_t seg = (p.numel + kWarps - 1) / kWarps;
-  const int64_t seg_lo = imin64(seg * warp, p.numel);
-  const int64_t seg_hi = imin64(seg_lo + seg, p.numel);
-  int* my_hw = hw[warp];
-  // Phase A: per-warp counts of the range's experts over the warp's segment.
-  for (int64_t s0 = seg_lo; s0 < seg_hi; s0 += 32 * kUnroll) {
-    int x[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = s0 + u * 32 + lane;
-      x[u] = i < seg_hi ? p.vbuf[i] - lo : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool mine = x[u] >= 0 && x[u] < n_r;
-      const unsigned peers = __match_any_sync(0xffffffffu, mine ? x[u] : kRange + lane);
-      if (mine && lane == __ffs(peers) - 1) my_hw[x[u]] += __popc(peers);
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-  // Phase B: exclusive prefix over the warps for each expert.
-  if (static_cast<int>(threadIdx.x) < n_r) {
-    int run = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const int c = hw[w][threadIdx.x];
-      hw[w][threadIdx.x] = run;
-      run += c;
-    }
-  }
-  __syncthreads();
-  // Phase C: place each pair at its bucket's start + pairs before it (ascending flat index).
-  for (int64_t s0 = seg_lo; s0 < seg_hi; s0 += 32 * kUnroll) {
-    int x[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = s0 + u * 32 + lane;
-      x[u] = i < seg_hi ? p.vbuf[i] - lo : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool mine = x[u] >= 0 && x[u] < n_r;
-      const unsigned peers = __match_any_sync(0xffffffffu, mine ? x[u] : kRange + lane);
-      const int leader = __ffs(peers) - 1;
-      int before = 0;
-      if (mine && lane == leader) {
-        before = my_hw[x[u]];
-        my_hw[x[u]] = before + __popc(peers);
+  if (static_cast<int>(blockIdx.x) < p.ranges) {
+    // Expert id of each block of range r: the last expert whose offset is <= the block.
+    const int r = blockIdx.x;
+    const int lo = r * kRange;
+    const int n_r = static_cast<int>(imin64(p.V - lo, kRange));
+    if (tid < n_r) sloc[tid] = p.loc[lo + tid];
+    if (tid == 0) sloc[n_r] = p.part[r];
+    __syncthreads();
+    const int base_r = sbase[r];
+    const int range_blocks = sloc[n_r];
+    if (r == 0 && tid == 0) p.num_tokens_post_pad[0] = total << p.block_shift;
+    for (int j = tid; j < range_blocks; j += kThreads) {
+      int a = 0, b = n_r;  // invariant: sloc[a] <= j < sloc[b]
+      while (b - a > 1) {
+        const int m = (a + b) >> 1;
+        if (sloc[m] <= j)
+          a = m;
+        else
+          b = m;
       }
-      before = __shfl_sync(0xffffffffu, before, leader);
-      if (mine) {
-        const int rank = __popc(peers & ((1u << lane) - 1u));
-        const int64_t pos =
-            (static_cast<int64_t>(base_r + sloc[x[u]]) << p.block_shift) + before + rank;
-        p.sorted_token_ids[pos] = static_cast<int32_t>(s0 + u * 32 + lane);
-      }
-      __syncwarp();
+      p.expert_ids[base_r + j] = lo + a;
     }
+    return;
   }
+  __syncthreads();
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x - p.ranges) * kThreads * kScatterItems;
+  int w[kScatterItems];
+#pragma unroll
+  for (int u = 0; u < kScatterItems; ++u) {
+    const int64_t i = i0 + u * kThreads + tid;
+    w[u] = i < p.numel ? p.vbuf[i] : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kScatterItems; ++u) {
+    if (w[u] < 0) continue;
+    const int64_t i = i0 + u * kThreads + tid;
+    const int v = w[u] >> kSliceBits;
+    const int rank = w[u] & ((1 << kSliceBits) - 1);
+    const int64_t c = i >> kSliceBits;
+    const int64_t block = sbase[v / kRange] + p.loc[v];
+    const int64_t pos = (block << p.block_shift) + p.prefix[c * p.V + v] + rank;
+    p.sorted_token_ids[pos] = static_cast<int32_t>(i);
+  }
+}
+
+int bit_length(int64_t x) {
+  int b = 0;
+  while (x > 0) ++b, x >>= 1;
+  return b;
 }
 
 }  // namespace
@@ -268,54 +417,106 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     MOLORA_RETURN_IF_ERROR(align_detail::check_pointers(a));
   AlignSizes sz;
   MOLORA_RETURN_IF_ERROR(moe_align_sizes(a.num_tokens, a.topk, a.num_experts, a.block_size, &sz));
-  const int64_t numel = a.num_tokens * a.topk;
-  const int ranges = static_cast<int>(align_detail::num_ranges(a.num_experts));
-  int shift = 0;
-  while ((int64_t{1} << shift) < a.block_size) ++shift;
+  const int64_t numel = a.num_tokens * a.topk, V = a.num_experts, B = a.block_size;
+  const int shift = bit_length(B) - 1;
+
+  Ids ids{};
+  if (a.topk_dtype == DType::kI64)
+    ids.i64 = static_cast<const int64_t*>(a.topk_ids);
+  else
+    ids.i32 = static_cast<const int32_t*>(a.topk_ids);
+  ids.slots = a.slot_ids;
+  ids.topk = static_cast<unsigned>(a.topk);
+  ids.E = a.slot_ids != nullptr ? a.num_base_experts : V;
+  ids.V = V;
 
   int device = 0, sms = 0;
   MOLORA_CUDA_CHECK(cudaGetDevice(&device));
   MOLORA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Fill: about 16 KB per CTA, at most two CTAs per SM, never fewer CTAs than ranges.
-  const int64_t fill_ctas = cdiv(sz.sorted_token_ids * 4 + sz.expert_ids * 4, 16384);
-  const int grid1 =
-      static_cast<int>(std::max<int64_t>(ranges, std::min<int64_t>(fill_ctas, 2 * sms)));
 
+  if (numel <= align_detail::kSmallPairs) {
+    SmallParams sp{};
+    sp.ids = ids;
+    sp.sorted_token_ids = a.sorted_token_ids;
+    sp.sorted_len = sz.sorted_token_ids;
+    sp.expert_ids = a.expert_ids;
+    sp.expert_len = sz.expert_ids;
+    sp.num_tokens_post_pad = a.num_tokens_post_pad;
+    sp.num_dropped = a.num_dropped;
+    // Slices of >= 4096 positions, about two per SM at most (the fill dominates at large V).
+    const int64_t quantum = 4096;  // a multiple of every B
+    sp.slice =
+        std::max<int64_t>(quantum, cdiv(cdiv(sz.sorted_token_ids, 2 * sms), quantum) * quantum);
+    sp.layout_end = std::min<int64_t>(sz.sorted_token_ids, numel + std::min(V, numel) * (B - 1));
+    sp.numel = static_cast<int>(numel);
+    sp.block_shift = shift;
+    sp.ibits = std::max(1, bit_length(numel - 1));
+    sp.end_bit = sp.ibits + bit_length(V);
+    const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
+    if (numel <= kThreads)
+      molora_align_small<1><<<grid, kThreads, 0, stream>>>(sp);
+    else if (numel <= 4 * kThreads)
+      molora_align_small<4><<<grid, kThreads, 0, stream>>>(sp);
+    else
+      molora_align_small<8><<<grid, kThreads, 0, stream>>>(sp);
+    MOLORA_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
+
+  const int slices = static_cast<int>(align_detail::num_slices(numel));
+  const int ranges = static_cast<int>(align_detail::num_ranges(V));
   int32_t* ws = static_cast<int32_t*>(a.workspace);
+  int32_t* vbuf = ws;
+  int32_t* counts = vbuf + numel;
+  int32_t* loc = counts + static_cast<int64_t>(slices) * V;
+  int32_t* part = loc + V;
+  int32_t* drops = part + ranges;
+
   CountParams cp{};
+  cp.ids = ids;
   cp.sorted_token_ids = a.sorted_token_ids;
   cp.sorted_len = sz.sorted_token_ids;
   cp.expert_ids = a.expert_ids;
   cp.expert_len = sz.expert_ids;
-  cp.num_dropped = a.num_dropped;
-  cp.vbuf = ws;
-  cp.loc = ws + numel;
-  cp.part = ws + numel + a.num_experts;
-  cp.slot_ids = a.slot_ids;
-  cp.numel = numel;
-  cp.V = a.num_experts;
-  cp.E = a.slot_ids != nullptr ? a.num_base_experts : a.num_experts;
-  cp.topk = static_cast<int>(a.topk);
-  cp.block_shift = shift;
-  cp.ranges = ranges;
-  if (a.topk_dtype == DType::kI64)
-    molora_align_count<<<grid1, kThreads, 0, stream>>>(cp, static_cast<const int64_t*>(a.topk_ids));
-  else
-    molora_align_count<<<grid1, kThreads, 0, stream>>>(cp, static_cast<const int32_t*>(a.topk_ids));
+  cp.vbuf = vbuf;
+  cp.counts = counts;
+  cp.drops = drops;
+  cp.numel = static_cast<int>(numel);
+  cp.V = static_cast<int>(V);
+  cp.end_bit = kSliceBits + bit_length(V);
+  cp.slices = slices;
+  // Fill: about 32 KB per CTA, at most two CTAs per SM.
+  cp.fill_ctas = static_cast<int>(std::min<int64_t>(
+      cdiv((sz.sorted_token_ids + sz.expert_ids) * 4, 32768), 2 * static_cast<int64_t>(sms)));
+  molora_align_count<<<slices + cp.fill_ctas, kThreads, 0, stream>>>(cp);
   MOLORA_CUDA_CHECK(cudaGetLastError());
 
-  ScatterParams sp{};
-  sp.sorted_token_ids = a.sorted_token_ids;
-  sp.expert_ids = a.expert_ids;
-  sp.num_tokens_post_pad = a.num_tokens_post_pad;
-  sp.vbuf = cp.vbuf;
-  sp.loc = cp.loc;
-  sp.part = cp.part;
-  sp.numel = numel;
-  sp.V = a.num_experts;
-  sp.block_shift = shift;
-  sp.ranges = ranges;
-  molora_align_scatter<<<ranges, kThreads, 0, stream>>>(sp);
+  ScanParams sc{};
+  sc.counts = counts;
+  sc.loc = loc;
+  sc.part = part;
+  sc.drops = drops;
+  sc.num_dropped = a.num_dropped;
+  sc.V = static_cast<int>(V);
+  sc.slices = slices;
+  sc.block_shift = shift;
+  molora_align_scan<<<ranges, kThreads, 0, stream>>>(sc);
+  MOLORA_CUDA_CHECK(cudaGetLastError());
+
+  ScatterParams st{};
+  st.sorted_token_ids = a.sorted_token_ids;
+  st.expert_ids = a.expert_ids;
+  st.num_tokens_post_pad = a.num_tokens_post_pad;
+  st.vbuf = vbuf;
+  st.prefix = counts;
+  st.loc = loc;
+  st.part = part;
+  st.numel = static_cast<int>(numel);
+  st.V = static_cast<int>(V);
+  st.block_shift = shift;
+  st.ranges = ranges;
+  const int pair_ctas = static_cast<int>(cdiv(numel, kThreads * kScatterItems));
+  molora_align_scatter<<<ranges + pair_ctas, kThreads, 0, stream>>>(st);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
