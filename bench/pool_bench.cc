@@ -253,12 +253,12 @@ int main(int argc, char** argv) {
   rows.push_back({"cpu upload image->host slots", bytes, bytes / g / 1e9, base_bf16});
   cpu_pool.reset();
 
-  double h2d_pinned = 0, h2d_staged = 0, h2d_base = 0, gpu_load = 0;
+  double h2d_pinned = 0, h2d_staged = 0, h2d_base = 0;
 #if MOLORA_HAVE_CUDA
   if (require_gpu().ok()) {
     c.device = 0;
     std::unique_ptr<AdapterPool> gp;
-    gpu_load = time_loads(c, bf16_dirs, 1, &bytes, &gp);
+    const double gpu_load = time_loads(c, bf16_dirs, 1, &bytes, &gp);
     const double slot_bytes = gp ? static_cast<double>(gp->stats().slot_bytes) : 0;
     h2d_base = h2d_baseline(static_cast<size_t>(2 * slot_bytes));
     rows.push_back({"gpu load bf16 (pinned images)", bytes, bytes / gpu_load / 1e9, base_bf16});

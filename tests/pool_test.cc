@@ -217,6 +217,169 @@ TEST(PoolConvert, Bf16RoundsToNearestEven) {
   }
 }
 
+// ---- vectorised conversion loops against the scalar references -------------------------------
+
+// Bits of element i of a buffer of dtype dt.
+uint32_t elem_bits(DType dt, const uint8_t* p, int64_t i) {
+  if (dt == DType::kF32) {
+    uint32_t u;
+    std::memcpy(&u, p + 4 * i, 4);
+    return u;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return h;
+}
+
+// The specification: same dtype and mul == 1 copies the bits; otherwise the scalar references.
+uint32_t ref_bits(DType src, uint32_t bits, DType dst, float mul) {
+  if (src == dst && mul == 1.0f) return bits;
+  float f;
+  if (src == DType::kF32) {
+    std::memcpy(&f, &bits, 4);
+  } else {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    f = src == DType::kBF16 ? pool::bf16_to_float(h) : pool::half_to_float(h);
+  }
+  if (mul != 1.0f) f *= mul;
+  if (dst == DType::kF32) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  }
+  return dst == DType::kBF16 ? pool::float_to_bf16(f) : pool::float_to_half(f);
+}
+
+// Source values of dtype dt: every 16-bit pattern (f16/bf16), or f32 specials (NaN payloads,
+// infinities, zeros, f32 and f16 subnormals, f16 overflow and bf16/f16 rounding ties) followed
+// by random bit patterns.
+std::vector<uint8_t> conversion_inputs(DType dt, std::mt19937& gen, int64_t* n) {
+  std::vector<uint8_t> b;
+  if (dt != DType::kF32) {
+    *n = 65536;
+    b.resize(2 * 65536);
+    for (uint32_t h = 0; h < 65536; ++h) {
+      b[2 * h] = static_cast<uint8_t>(h);
+      b[2 * h + 1] = static_cast<uint8_t>(h >> 8);
+    }
+    return b;
+  }
+  std::vector<uint32_t> v = {
+      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u,
+      0x7fbfffffu, 0xff812345u, 0x7fe00001u, 0x00000001u, 0x807fffffu, 0x00400000u, 0x7f7fffffu,
+      0xff7fffffu, 0x477fe000u, 0x477ff000u, 0x477fefffu, 0xc77ff000u, 0x38800000u, 0x387fffffu,
+      0x33000000u, 0x33000001u, 0x32ffffffu, 0x33800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu,
+      0x3f800fffu, 0x3f801000u, 0x3f803000u, 0x7f7f8000u, 0x7f7f7fffu};
+  for (int s = 0; s < 1 << 18; ++s) v.push_back(static_cast<uint32_t>(gen()));
+  // Values that land on f16 subnormals and near ties after any multiply.
+  for (int s = 0; s < 4096; ++s)
+    v.push_back(0x33000000u + static_cast<uint32_t>(gen() % 0x5800000u));
+  *n = static_cast<int64_t>(v.size());
+  b.resize(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+class PoolConvertLoops : public ::testing::TestWithParam<bool> {  // true: the baseline build
+ protected:
+  void SetUp() override {
+    if (!pool::convert_force_baseline(GetParam()))
+      GTEST_SKIP() << "this CPU has no AVX2 (the baseline run covers it)";
+    EXPECT_STREQ(pool::convert_isa(), GetParam() ? "baseline" : "avx2");
+  }
+  void TearDown() override { pool::convert_force_baseline(false); }
+};
+
+const DType kConvDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+// 1 (no multiply), exact, inexact, tiny (results become f16/bf16 subnormals or zero), huge
+// (results overflow to inf), negative.
+const float kMuls[] = {1.0f, 0.375f, 1.7f, 3.0517578125e-5f, 1.5e-7f, 60000.0f, -0.4142135f};
+
+TEST_P(PoolConvertLoops, EveryPairEqualsTheScalarReferenceBitForBit) {
+  const uint32_t seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 gen(seed);
+  for (DType src : kConvDTypes) {
+    int64_t n = 0;
+    const std::vector<uint8_t> in = conversion_inputs(src, gen, &n);
+    const size_t ses = dtype_size(src);
+    for (DType dst : kConvDTypes)
+      for (float mul : kMuls) {
+        SCOPED_TRACE(std::string(dtype_name(src)) + " -> " + dtype_name(dst) + " mul " +
+                     std::to_string(mul));
+        const size_t des = dtype_size(dst);
+        // One long row (n is even), then an odd length read from an odd (unaligned) address.
+        for (int64_t off : {int64_t{0}, int64_t{1}}) {
+          const int64_t len = n - off;
+          std::vector<uint8_t> src_buf(in.size() + 1);
+          std::memcpy(src_buf.data() + 1, in.data() + off * ses, len * ses);
+          std::vector<uint8_t> out((len + 1) * des, 0xab);
+          pool::convert(src, src_buf.data() + 1, dst, out.data(), len, mul);
+          int bad = 0;
+          for (int64_t i = 0; i < len; ++i) {
+            const uint32_t x = elem_bits(src, in.data(), i + off);
+            const uint32_t want = ref_bits(src, x, dst, mul), got = elem_bits(dst, out.data(), i);
+            if (got != want && bad++ < 5)
+              ADD_FAILURE() << "element " << i << " input 0x" << std::hex << x << ": got 0x" << got
+                            << ", want 0x" << want;
+          }
+          ASSERT_EQ(bad, 0);
+          for (size_t k = len * des; k < out.size(); ++k) ASSERT_EQ(out[k], 0xab) << "overrun";
+        }
+      }
+  }
+}
+
+TEST_P(PoolConvertLoops, RowsWithPaddingAndStridesEqualTheReference) {
+  const uint32_t seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 gen(seed);
+  struct Shape {
+    int64_t rows, cols, src_gap_bytes, dst_pad;
+  };
+  const Shape shapes[] = {{1, 1, 0, 0},  {3, 7, 0, 9},   {5, 16, 0, 16}, {4, 17, 3, 15},
+                          {2, 33, 1, 0}, {7, 31, 0, 1},  {64, 8, 0, 8},  {3, 0, 0, 4},
+                          {0, 5, 0, 3},  {9, 127, 5, 1}, {2, 128, 0, 0}, {130, 4, 2, 124}};
+  for (DType src : kConvDTypes)
+    for (DType dst : kConvDTypes)
+      for (float mul : {1.0f, 1.7f, -0.375f})
+        for (const Shape& sh : shapes) {
+          SCOPED_TRACE(std::string(dtype_name(src)) + " -> " + dtype_name(dst) + " mul " +
+                       std::to_string(mul) + " rows " + std::to_string(sh.rows) + " cols " +
+                       std::to_string(sh.cols) + " gap " + std::to_string(sh.src_gap_bytes) +
+                       " pad " + std::to_string(sh.dst_pad));
+          const size_t ses = dtype_size(src), des = dtype_size(dst);
+          const int64_t src_row = sh.cols * static_cast<int64_t>(ses) + sh.src_gap_bytes;
+          const int64_t stride = sh.cols + sh.dst_pad;
+          std::vector<uint8_t> in(static_cast<size_t>(sh.rows * src_row + 1));
+          for (auto& c : in) c = static_cast<uint8_t>(gen());
+          const int64_t guard = 8;
+          std::vector<uint8_t> out(static_cast<size_t>((sh.rows * stride + guard) * des), 0xcd);
+          pool::convert_rows(src, in.data() + 1, src_row, dst, out.data(), stride, sh.rows, sh.cols,
+                             mul);
+          int bad = 0;
+          for (int64_t r = 0; r < sh.rows; ++r)
+            for (int64_t c = 0; c < stride; ++c) {
+              const uint32_t got = elem_bits(dst, out.data(), r * stride + c);
+              uint32_t want = 0;
+              if (c < sh.cols) {
+                uint32_t x = 0;
+                std::memcpy(&x, in.data() + 1 + r * src_row + c * static_cast<int64_t>(ses), ses);
+                want = ref_bits(src, x, dst, mul);
+              }
+              if (got != want && bad++ < 5)
+                ADD_FAILURE() << "[" << r << "," << c << "]: got 0x" << std::hex << got
+                              << ", want 0x" << want;
+            }
+          ASSERT_EQ(bad, 0);
+          for (size_t k = static_cast<size_t>(sh.rows * stride) * des; k < out.size(); ++k)
+            ASSERT_EQ(out[k], 0xcd) << "overrun";
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, PoolConvertLoops, ::testing::Values(false, true),
+                         [](const auto& i) { return i.param ? "baseline" : "avx2"; });
+
 // ---- PEFT loading ---------------------------------------------------------------------------
 
 struct LoadCase {

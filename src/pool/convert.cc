@@ -2,8 +2,11 @@
 
 #include <cmath>
 
+#include "pool/convert_kernels.h"
+
 namespace molora::pool {
 
+// The scalar references (the specification of every conversion loop).
 float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
@@ -47,66 +50,72 @@ uint16_t float_to_half(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
+#if MOLORA_POOL_AVX2
+ConvertRowsFn convert_rows_avx2(int s, int d);  // convert_avx2.cc
+#endif
+
 namespace {
 
-template <typename Load>
-void store_all(Load load, DType dst_dt, void* dst, int64_t n, float mul) {
-  if (dst_dt == DType::kF32) {
-    float* d = static_cast<float*>(dst);
-    if (mul == 1.0f)
-      for (int64_t i = 0; i < n; ++i) d[i] = load(i);
-    else
-      for (int64_t i = 0; i < n; ++i) d[i] = load(i) * mul;
-  } else if (dst_dt == DType::kBF16) {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    if (mul == 1.0f)
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(load(i));
-    else
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(load(i) * mul);
-  } else {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_half(mul == 1.0f ? load(i) : load(i) * mul);
-  }
+int dtype_index(DType dt) { return dt == DType::kF32 ? 0 : dt == DType::kF16 ? 1 : 2; }
+
+bool avx2_available() {
+#if MOLORA_POOL_AVX2
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool force_baseline = false;
+
+ConvertRowsFn pick(DType src_dt, DType dst_dt) {
+  const int s = dtype_index(src_dt), d = dtype_index(dst_dt);
+#if MOLORA_POOL_AVX2
+  if (!force_baseline && avx2_available()) return convert_rows_avx2(s, d);
+#endif
+  return convert_rows_table(s, d);
 }
 
 }  // namespace
 
-void convert(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, float mul) {
-  if (n <= 0) return;
-  if (src_dt == dst_dt && mul == 1.0f) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dt));
+const char* convert_isa() { return !force_baseline && avx2_available() ? "avx2" : "baseline"; }
+
+bool convert_force_baseline(bool baseline) {
+  force_baseline = baseline;
+  return baseline || avx2_available();
+}
+
+void convert_rows(DType src_dt, const void* src, int64_t src_row_bytes, DType dst_dt, void* dst,
+                  int64_t dst_stride, int64_t rows, int64_t cols, float mul) {
+  if (rows <= 0) return;
+  const size_t es = dtype_size(dst_dt);
+  if (src_dt == dst_dt && mul == 1.0f) {  // a copy per row (bit-exact, NaN payloads kept)
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    const size_t row = static_cast<size_t>(cols) * es, pad = (dst_stride - cols) * es;
+    if (row == static_cast<size_t>(src_row_bytes) && pad == 0) {
+      std::memcpy(d, s, row * static_cast<size_t>(rows));
+      return;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(d + i * dst_stride * es, s + i * src_row_bytes, row);
+      if (pad) std::memset(d + i * dst_stride * es + row, 0, pad);
+    }
     return;
   }
-  const uint8_t* s = static_cast<const uint8_t*>(src);
-  switch (src_dt) {
-    case DType::kF32:
-      store_all(
-          [s](int64_t i) {
-            float f;
-            std::memcpy(&f, s + 4 * i, 4);
-            return f;
-          },
-          dst_dt, dst, n, mul);
-      break;
-    case DType::kBF16:
-      store_all(
-          [s](int64_t i) {
-            uint16_t h;
-            std::memcpy(&h, s + 2 * i, 2);
-            return bf16_to_float(h);
-          },
-          dst_dt, dst, n, mul);
-      break;
-    default:
-      store_all(
-          [s](int64_t i) {
-            uint16_t h;
-            std::memcpy(&h, s + 2 * i, 2);
-            return half_to_float(h);
-          },
-          dst_dt, dst, n, mul);
-      break;
+  const ConvertRowsFn f = pick(src_dt, dst_dt);
+  if (dst_stride == cols && src_row_bytes == cols * static_cast<int64_t>(dtype_size(src_dt))) {
+    f(static_cast<const uint8_t*>(src), 0, dst, 0, 1, cols * rows, mul);  // one long row
+    return;
   }
+  f(static_cast<const uint8_t*>(src), src_row_bytes, dst, dst_stride, rows, cols, mul);
+}
+
+void convert(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, float mul) {
+  if (n <= 0) return;
+  convert_rows(src_dt, src, n * static_cast<int64_t>(dtype_size(src_dt)), dst_dt, dst, n, 1, n,
+               mul);
 }
 
 }  // namespace molora::pool

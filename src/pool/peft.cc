@@ -443,16 +443,8 @@ Status load_peft(const PoolConfig& cfg, const ImageLayout& layout, const std::st
         const float mul = mod_fold[mi] ? pr.scale : 1.0f;
         const size_t bes = dtype_size(bdt);
         const uint8_t* bs = file->data(B) + static_cast<size_t>(pr.b_row0 * r) * bes;
-        if (r == R) {  // no padding: the block is contiguous in the file and in the image
-          convert(bdt, bs, cfg.dtype, b, N * r, mul);
-          continue;
-        }
-        for (int64_t row = 0; row < N; ++row) {
-          uint8_t* d = b + static_cast<size_t>(row * R) * es;
-          convert(bdt, bs + static_cast<size_t>(row * r) * bes, cfg.dtype, d, r, mul);
-          if (R > r)
-            std::memset(d + static_cast<size_t>(r) * es, 0, static_cast<size_t>(R - r) * es);
-        }
+        // N rows of r in the file → N rows of r_max in the image (columns r..r_max zero).
+        convert_rows(bdt, bs, r * static_cast<int64_t>(bes), cfg.dtype, b, R, N, r, mul);
       }
       ai.max_rank = std::max<int>(ai.max_rank, mod_rank[mi]);
     }

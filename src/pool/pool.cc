@@ -454,6 +454,9 @@ Status AdapterPool::unpin(int32_t id) {
 Status AdapterPool::prepare(const int32_t* ids, int64_t n, int32_t* slot_ids,
                             int32_t* slot_ids_device, cudaStream_t consumer, cudaEvent_t* ready) {
   Impl& m = *impl_;
+#if !MOLORA_HAVE_CUDA
+  (void)consumer;
+#endif
   if (ready) *ready = nullptr;
   if (n < 0) return Status::InvalidArgument("n must be >= 0");
   if (n > 0 && (!ids || !slot_ids))

@@ -16,17 +16,20 @@ struct StWriteTensor {
   std::vector<uint8_t> bytes;
 };
 
-inline std::string st_header_json(const std::vector<StWriteTensor>& ts) {
+// The header of `ts`; `sizes` (optional) gives each tensor's byte count instead of bytes.size(),
+// so a caller can learn the header (and file size) before it generates the data.
+inline std::string st_header_json(const std::vector<StWriteTensor>& ts,
+                                  const std::vector<uint64_t>* sizes = nullptr) {
   std::string h = "{";
   uint64_t off = 0;
   for (size_t i = 0; i < ts.size(); ++i) {
     const auto& t = ts[i];
+    const uint64_t nb = sizes ? (*sizes)[i] : t.bytes.size();
     h += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" + t.dtype +
          "\",\"shape\":[";
     for (size_t d = 0; d < t.shape.size(); ++d) h += (d ? "," : "") + std::to_string(t.shape[d]);
-    h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + t.bytes.size()) +
-         "]}";
-    off += t.bytes.size();
+    h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + nb) + "]}";
+    off += nb;
   }
   h += "}";
   while (h.size() % 8) h += ' ';
