@@ -1,0 +1,121 @@
+"""molora.demo: the end-to-end decode layer passes its check (CPU path in-process, small sizes;
+the GPU path under the `gpu` marker), a deliberately wrong molora result is caught, and the
+`molora demo` CLI passes its arguments through (when the CLI is built)."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+import molora
+from molora import demo
+
+SMALL = ["--device", "cpu", "-T", "12", "--slots", "3", "--rank", "16", "--reps", "1"]
+
+
+def test_cpu_step_passes_check():
+    res = demo.run(SMALL)
+    assert res["ok"], res["max_err"]
+    assert res["device"] == "cpu"
+    assert res["no_adapter_tokens"] == 3  # 25% of 12
+    parts = [r["part"] for r in res["rows"]]
+    for p in ("align (molora, V=S*E)", "lora shrink gate", "lora expand down",
+              "all-reduce (world 1: pass-through)"):
+        assert p in parts
+    lora = [r for r in res["rows"] if r["part"].startswith("lora")]
+    assert len(lora) == 6 and all(r["floor_us"] > 0 and r["bytes"] > 0 for r in lora)
+    assert "PASS" in demo.format_table(res)
+
+
+@pytest.mark.parametrize("extra", [["--routing", "plain"], ["--no-adapter", "0"],
+                                   ["--no-adapter", "1"], ["--block-size", "32", "--rank", "32"]])
+def test_cpu_variants_pass(extra):
+    res = demo.run(SMALL + extra)
+    assert res["ok"], (extra, res["max_err"])
+
+
+@pytest.mark.parametrize("how", ["skip-down-lora", "output"])
+def test_wrong_result_is_caught(how, capsys):
+    res = demo.run(SMALL + ["--perturb", how])
+    assert not res["ok"] and res["max_err"] > res["tol"]
+    assert demo.main(SMALL + ["--perturb", how]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_main_exit_code_and_profile_on_cpu(tmp_path, capsys):
+    assert demo.main(SMALL + ["--profile", str(tmp_path / "t.json.gz"),
+                              "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "--profile needs a GPU" in out and "PASS" in out
+    assert not (tmp_path / "t.json.gz").exists()
+    assert (tmp_path / "r.json").exists()
+
+
+def test_world_other_than_one_is_refused():
+    with pytest.raises(SystemExit, match="world"):
+        demo.run(SMALL + ["--world", "2"])
+
+
+def test_package_imports_without_torch():
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys; sys.modules['torch'] = None; import molora, molora.demo, "
+                        "molora.torch_ops; print('ok')"],
+                       capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_step_graph_replay_passes_check(tmp_path):
+    res = demo.run(["-T", "64", "--reps", "20", "--profile", str(tmp_path / "t.json.gz")])
+    print(demo.format_table(res))
+    assert res["device"] != "cpu"
+    assert res["ok"], res["max_err"]
+    assert res["total_us"] > 0
+    assert (tmp_path / "t.json.gz").exists()
+    base = res.get("baseline")
+    assert base is not None and base["align (molora, V=S*E)"] > 0
+    if "max_err" in base:
+        assert base["max_err"] <= res["tol"]
+
+
+@pytest.mark.gpu
+def test_gpu_wrong_result_is_caught():
+    res = demo.run(["-T", "16", "--reps", "2", "--no-baseline", "--perturb", "skip-down-lora"])
+    assert not res["ok"]
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+
+def _cli():
+    env = os.environ.get("MOLORA_CLI")
+    if env and os.access(env, os.X_OK):
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pkg_side = demo.find_cli()
+    cands = ([pkg_side] if pkg_side else []) + [os.path.join(root, "build", "src", "cli", "molora")]
+    cands += sorted(glob.glob(os.path.join(root, "build*", "src", "cli", "molora")))
+    for c in cands:
+        if c and os.access(c, os.X_OK):
+            r = subprocess.run([c, "--help"], capture_output=True, text=True)
+            if " demo" in r.stdout:
+                return c
+    pytest.skip("no molora CLI with the demo command built (build/src/cli/molora)")
+
+
+def test_cli_demo_help():
+    r = subprocess.run([_cli(), "demo", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "--shape" in r.stdout and "--profile" in r.stdout
+
+
+def test_cli_demo_tiny_run_and_exit_code():
+    cli = _cli()
+    r = subprocess.run([cli, "demo"] + SMALL, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout
+    r = subprocess.run([cli, "demo"] + SMALL + ["--perturb", "output"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "FAIL" in r.stdout
+    r = subprocess.run([cli, "demo", "--shape", "nope"], capture_output=True, text=True)
+    assert r.returncode == 2
