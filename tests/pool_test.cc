@@ -651,6 +651,180 @@ TEST_F(PoolFiles, BrokenAdaptersAreRejectedAndThePoolIsUnchanged) {
   EXPECT_EQ(pool->stats().uploads, before.uploads);
 }
 
+// Rewrites the adapter_config.json of `dir` with `json`.
+void rewrite_config(const std::string& dir, const std::string& json) {
+  std::ofstream(dir + "/adapter_config.json", std::ios::trunc) << json;
+}
+
+TEST_F(PoolFiles, MixtralNamesAndAdapterNamedWeightsMapLikeTheDefaultNames) {
+  // Mixtral: <...>.block_sparse_moe.experts.{E}.{w1 = gate, w3 = up, w2 = down}, and PEFT's
+  // ".lora_A.<adapter>.weight" spelling.
+  Model m;
+  Spec s;
+  s.seed = 5;
+  auto ts = pooltest::adapter_tensors(m, s);
+  auto swap = [](std::string* n, const std::string& from, const std::string& to) {
+    size_t p = n->find(from);
+    if (p != std::string::npos) n->replace(p, from.size(), to);
+  };
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::string& n = ts[i].name;
+    swap(&n, ".mlp.experts.", ".block_sparse_moe.experts.");
+    swap(&n, ".gate_proj.", ".w1.");
+    swap(&n, ".up_proj.", ".w3.");
+    swap(&n, ".down_proj.", ".w2.");
+    if (i % 2 == 0) swap(&n, ".weight", ".default.weight");
+  }
+  std::string dir = pooltest::write_adapter(root, "mixtral", m, s, &ts);
+  rewrite_config(dir, R"({"r": 4, "lora_alpha": 8, "target_modules": ["w1", "w2", "w3"]})");
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 1, DType::kF32), &pool).ok());
+  int32_t id, slot;
+  Status st = pool->load("mixtral", dir, &id);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  AdapterInfo info;
+  ASSERT_TRUE(pool->info(id, &info).ok());
+  EXPECT_EQ(info.ignored_tensors, 0);
+  EXPECT_EQ(info.tensors, m.L * m.E * 3);  // (A, B) pairs placed
+  ASSERT_TRUE(pool->prepare(&id, 1, &slot).ok());
+  pooltest::expect_slot(*pool, m, slot, s);
+}
+
+TEST_F(PoolFiles, TargetModulesListRegexAndAllLinear) {
+  Model m;
+  Spec s;
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 1, DType::kF32), &pool).ok());
+  std::string dir = pooltest::write_adapter(root, "t", m, s);
+  int32_t id = -1;
+  // A list that leaves gate_proj out: the file's gate_proj tensors are an error naming them.
+  rewrite_config(dir, R"({"r": 4, "lora_alpha": 8, "target_modules": ["up_proj", "down_proj"]})");
+  Status st = pool->load("list", dir, &id);
+  EXPECT_EQ(st.code(), StatusCode::kParseError) << st.to_string();
+  EXPECT_NE(st.message().find("is not in target_modules"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("gate_proj.lora_"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(dir), std::string::npos) << st.message();
+  // A regex is a full match of the module name, as in PEFT.
+  rewrite_config(
+      dir,
+      R"({"r": 4, "lora_alpha": 8, "target_modules": ".*experts\\.\\d+\\.(gate|up|down)_proj"})");
+  st = pool->load("regex", dir, &id);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  rewrite_config(dir, R"({"r": 4, "lora_alpha": 8, "target_modules": ".*\\.up_proj"})");
+  st = pool->load("regex-miss", dir, &id);
+  EXPECT_EQ(st.code(), StatusCode::kParseError) << st.to_string();
+  rewrite_config(dir, R"({"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})");
+  st = pool->load("all", dir, &id);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(pool->stats().adapters, 2);
+}
+
+TEST_F(PoolFiles, DifferentScalesAcrossExpertsAreFoldedIntoB) {
+  // rank_pattern gives expert 1's down_proj of layer 0 rank 8 (scale 8/8 = 1) while the other
+  // experts keep r = 4 (scale 8/4 = 2): one slot scale cannot hold both, so each expert's scale
+  // is multiplied into its lora_B and the module's slot scale is 1.
+  Model m;
+  Spec s;
+  s.extra_config = R"(, "rank_pattern": {"model.layers.0.mlp.experts.1.down_proj": 8})";
+  auto ts = pooltest::adapter_tensors(m, s);
+  for (auto& t : ts)
+    if (t.name.find("layers.0.mlp.experts.1.down_proj") != std::string::npos) {
+      const bool a = t.name.find("lora_A") != std::string::npos;
+      t = pooltest::make_tensor(t.name, "F32", a ? 8 : m.H, a ? m.I : 8, 0, 0, 2, 1, a ? 0 : 1);
+    }
+  std::string dir = pooltest::write_adapter(root, "fold", m, s, &ts);
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 1, DType::kF32), &pool).ok());
+  int32_t id, slot;
+  Status st = pool->load("fold", dir, &id);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE(pool->prepare(&id, 1, &slot).ok());
+  PoolLayerTensors t0, t1;
+  ASSERT_TRUE(pool->layer_tensors(0, &t0).ok());
+  ASSERT_TRUE(pool->layer_tensors(1, &t1).ok());
+  EXPECT_EQ(t0.rank[kPoolDown], 8);  // the largest rank of the module
+  EXPECT_EQ(t0.scale[kPoolDown], 1.0f);
+  EXPECT_EQ(t0.scale[kPoolGate], 2.0f);  // other modules and layers keep alpha / r
+  EXPECT_EQ(t1.scale[kPoolDown], 2.0f);
+  const int64_t H = m.H, R = m.r_max;
+  std::vector<float> b(t0.b_slot_stride[kPoolDown]);
+  ASSERT_TRUE(pool->read_back(t0.b_down, b.size() * 4, b.data()).ok());
+  for (int e = 0; e < m.E; ++e) {
+    const int r = e == 1 ? 8 : 4;
+    const float mul = e == 1 ? 1.0f : 2.0f;
+    for (int64_t n = 0; n < H; ++n)
+      for (int j = 0; j < R; ++j) {
+        const float want =
+            j < r ? pooltest::enc(e == 1 ? 0 : s.seed, 0, 2, e, 1, n, j) * mul : 0.0f;
+        ASSERT_EQ(b[(e * H + n) * R + j], want) << "expert " << e << " [" << n << "," << j << "]";
+      }
+  }
+}
+
+TEST_F(PoolFiles, MoreHostileAdapters) {
+  Model m;
+  std::unique_ptr<AdapterPool> pool;
+  ASSERT_TRUE(AdapterPool::create(pooltest::pool_config(m, 1, DType::kBF16), &pool).ok());
+  Spec s;
+  const std::string a000 = "layers.0.mlp.experts.0.gate_proj.lora_A";
+  auto expect_error = [&](const char* what, const std::string& dir, StatusCode code,
+                          const char* msg, const std::string& tensor) {
+    SCOPED_TRACE(what);
+    int32_t id = -1;
+    Status st = pool->load(what, dir, &id);
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(msg), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(dir), std::string::npos) << st.message();
+    if (!tensor.empty()) {
+      EXPECT_NE(st.message().find(tensor), std::string::npos) << st.message();
+    }
+    EXPECT_EQ(id, -1);
+    EXPECT_EQ(pool->stats().adapters, 0);
+    EXPECT_EQ(pool->stats().host_image_bytes, 0);
+  };
+  {
+    auto ts = pooltest::adapter_tensors(m, s);
+    for (auto& t : ts)
+      if (t.name.find("layers.0.mlp.experts.0.gate_proj.") != std::string::npos) {
+        const bool a = t.name.find("lora_A") != std::string::npos;
+        t = {t.name, "F32", a ? std::vector<int64_t>{0, m.H} : std::vector<int64_t>{m.I, 0}, {}};
+      }
+    expect_error("rank 0", pooltest::write_adapter(root, "r0", m, s, &ts), StatusCode::kParseError,
+                 "rank 0", a000);
+  }
+  {
+    auto ts = pooltest::adapter_tensors(m, s);
+    for (auto& t : ts)
+      if (t.name.find(a000) != std::string::npos) t.shape = {2, 2, m.H};  // same bytes, 3-D
+    expect_error("3-D A", pooltest::write_adapter(root, "a3", m, s, &ts),
+                 StatusCode::kInvalidArgument, "does not match the model", a000);
+  }
+  {  // adapter_config.json over 16 MB is refused before it is read (sparse file)
+    std::string dir = pooltest::write_adapter(root, "bigcfg", m, s);
+    ASSERT_EQ(::truncate((dir + "/adapter_config.json").c_str(), 17 << 20), 0);
+    expect_error("huge config", dir, StatusCode::kParseError, "exceeds the limit",
+                 "adapter_config.json");
+  }
+  {
+    std::string dir = pooltest::write_adapter(root, "notobj", m, s);
+    rewrite_config(dir, "[4]");
+    expect_error("config not an object", dir, StatusCode::kParseError, "not a JSON object", "");
+    rewrite_config(dir, R"({"r": 4, "rank_pattern": {"down_proj": -1}})");
+    expect_error("negative rank_pattern", dir, StatusCode::kParseError, "positive integer",
+                 "down_proj");
+    rewrite_config(dir, R"({"r": 4, "peft_type": "IA3"})");
+    expect_error("not LoRA", dir, StatusCode::kParseError, "peft_type", "");
+    rewrite_config(dir, R"({"r": 4, "fan_in_fan_out": true})");
+    expect_error("fan_in_fan_out", dir, StatusCode::kParseError, "fan_in_fan_out", "");
+  }
+  {  // no adapter_model.safetensors
+    std::string dir = pooltest::write_adapter(root, "nofile", m, s);
+    ASSERT_EQ(::unlink((dir + "/adapter_model.safetensors").c_str()), 0);
+    expect_error("no safetensors", dir, StatusCode::kIoError, "cannot open",
+                 "adapter_model.safetensors");
+  }
+}
+
 // ---- slot policy ----------------------------------------------------------------------------
 
 class PoolPolicy : public PoolFiles {
