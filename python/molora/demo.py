@@ -151,6 +151,20 @@ def make_model(H: int, I: int, E: int, rng: np.random.Generator) -> dict:
     }
 
 
+def make_model_torch(H: int, I: int, E: int, seed: int) -> dict:
+    """The base weights generated on the GPU in bf16 (the real shapes run to 22 GB)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(shape, fan_in):
+        w = torch.randn(shape, generator=g, device="cuda", dtype=torch.float32)
+        return (w / math.sqrt(fan_in)).to(torch.bfloat16)
+
+    return {"Wr": rnd((E, H), H), "Wg": rnd((E, I, H), H), "Wu": rnd((E, I, H), H),
+            "Wd": rnd((E, H, I), I)}
+
+
 def make_batch(T: int, H: int, S: int, none_frac: float, rng: np.random.Generator):
     x = rng.standard_normal((T, H), dtype=np.float32)
     which = rng.integers(0, S, T)
@@ -528,12 +542,9 @@ def run_gpu(args, ctx) -> dict:
     dt = torch.bfloat16
     V, P, Bsz = S * E, T * k, args.block_size
     reps = args.reps or 200
-    m = ctx["model"]
-    Wr = torch.from_numpy(m["Wr"]).to(dev, dt)
-    Wg = torch.from_numpy(m["Wg"]).to(dev, dt)
-    Wu = torch.from_numpy(m["Wu"]).to(dev, dt)
-    Wd = torch.from_numpy(m["Wd"]).to(dev, dt)
-    x = torch.from_numpy(ctx["x"]).to(dev, dt)
+    m = ctx["model"]  # bf16 CUDA tensors (make_model_torch)
+    Wr, Wg, Wu, Wd = m["Wr"], m["Wg"], m["Wu"], m["Wd"]
+    x = ctx["x_dev"]
     pool, slots = ctx["pool"], ctx["slots"]  # device pool: slots is an int32 CUDA tensor
     v = pool.tensors(0)
     A_g, A_u, B_g, B_u = v["a_gate_up"][0], v["a_gate_up"][1], v["b_gate_up"][0], v["b_gate_up"][1]
@@ -737,10 +748,8 @@ def run_gpu_baseline(torch, args, ctx, b, parts, al, stream, reps, w, ref) -> di
 def reference_torch(torch, ctx, topk_ids, topk_w) -> np.ndarray:
     """Dense per-token loop in fp32 on the GPU, from the adapter files' weights (no molora)."""
     dev = "cuda"
-    m = ctx["model"]
-    # the base weights as the step saw them (bf16), computed in fp32
-    W = {n: torch.from_numpy(m[n]).to(dev, torch.bfloat16).float() for n in ("Wg", "Wu", "Wd")}
-    x = torch.from_numpy(ctx["x"]).to(dev, torch.bfloat16).float()
+    W = ctx["model"]  # the base weights as the step saw them (bf16), used in fp32 below
+    x = ctx["x_dev"].float()
     ads = {a["name"]: {kk: torch.from_numpy(a[kk]).to(dev) for kk in
                        ("Ag", "Bg", "Au", "Bu", "Ad", "Bd")} | {"scale": a["scale"]}
            for a in ctx["adapters"]}
@@ -750,13 +759,13 @@ def reference_torch(torch, ctx, topk_ids, topk_w) -> np.ndarray:
         ad = ads.get(ctx["names"][t]) if ctx["names"][t] else None
         for j in range(k):
             e = int(topk_ids[t, j])
-            g = W["Wg"][e] @ x[t]
-            u = W["Wu"][e] @ x[t]
+            g = W["Wg"][e].float() @ x[t]
+            u = W["Wu"][e].float() @ x[t]
             if ad is not None:
                 g = g + ad["scale"] * (ad["Bg"][e] @ (ad["Ag"][e] @ x[t]))
                 u = u + ad["scale"] * (ad["Bu"][e] @ (ad["Au"][e] @ x[t]))
             h = torch.nn.functional.silu(g) * u
-            o = W["Wd"][e] @ h
+            o = W["Wd"][e].float() @ h
             if ad is not None:
                 o = o + ad["scale"] * (ad["Bd"][e] @ (ad["Ad"][e] @ h))
             y[t] += float(topk_w[t, j]) * o
@@ -816,7 +825,7 @@ def setup(args, device: str, tmp: str) -> dict:
         raise SystemExit("molora demo: --world > 1 is not implemented yet (the all-reduce of a "
                          "single rank is a pass-through); run with --world 1")
     rng = np.random.default_rng(args.seed)
-    model = make_model(H, I, E, rng)
+    model = make_model(H, I, E, rng) if device == "cpu" else make_model_torch(H, I, E, args.seed)
     adapters = write_adapters(tmp, S, E, H, I, r_max, rng)
     x, names = make_batch(T, H, S, args.no_adapter, rng)
     pool = molora.AdapterPool(S, 1, E, H, I, r_max,
@@ -829,7 +838,8 @@ def setup(args, device: str, tmp: str) -> dict:
                x=x, names=names, pool=pool, slots=slots, block_size=args.block_size,
                ranks_list=[0] * S)
     for a in adapters:  # per slot rank, for the plans' byte counts
-        ctx["ranks_list"][pool.slot_of(a["name"])] = a["r"]
+        if pool.slot_of(a["name"]) >= 0:
+            ctx["ranks_list"][pool.slot_of(a["name"])] = a["r"]
     if device != "cpu":
         import torch
         ctx["x_dev"] = torch.from_numpy(x).to("cuda", torch.bfloat16)
@@ -899,7 +909,8 @@ def format_table(res: dict) -> str:
         lines.append(line)
     tl = f"{'total':36s} {res['total_us']:10.1f}"
     if base is not None and "total_graph_us" in base:
-        tl += f" {'':10s} {'':9s} {'':8s} {base['total_graph_us'] + base['align (molora, V=S*E)']:12.1f}"
+        btot = base["total_graph_us"] + base["align (molora, V=S*E)"]
+        tl += f" {'':10s} {'':9s} {'':8s} {btot:12.1f}"
     lines.append(tl + f"   ({res['total_note']})")
     notes = ["base GEMMs are a plain reference (numpy grouped by expert / torch bmm over all E), "
              "not molora's product; all-reduce: world 1, a pass-through"]
