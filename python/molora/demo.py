@@ -421,6 +421,8 @@ def _triton_kernels():
 
 
 def _define_triton():
+    # module globals: triton resolves the names a kernel uses in its __globals__, not closures
+    global triton, tl
     import triton
     import triton.language as tl
 
@@ -512,6 +514,7 @@ def _copy_gbps(torch) -> float:
 
 def _capture(torch, fn, stream):
     """fn captured into a CUDA graph on `stream` (after one eager warm-up run there)."""
+    stream.wait_stream(torch.cuda.current_stream())  # weights, uploads, earlier parts
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.synchronize()

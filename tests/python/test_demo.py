@@ -80,6 +80,14 @@ def test_gpu_step_graph_replay_passes_check(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("extra", [["--routing", "plain"], ["-T", "1"], ["--rank", "8"]])
+def test_gpu_variants_pass(extra):
+    res = demo.run(["-T", "16", "--reps", "5"] + extra)
+    print(demo.format_table(res))
+    assert res["ok"], (extra, res["max_err"])
+
+
+@pytest.mark.gpu
 def test_gpu_wrong_result_is_caught():
     res = demo.run(["-T", "16", "--reps", "2", "--no-baseline", "--perturb", "skip-down-lora"])
     assert not res["ok"]
