@@ -817,6 +817,31 @@ TEST_F(PoolFiles, MoreHostileAdapters) {
     rewrite_config(dir, R"({"r": 4, "fan_in_fan_out": true})");
     expect_error("fan_in_fan_out", dir, StatusCode::kParseError, "fan_in_fan_out", "");
   }
+  {  // regexes of the config: bounded, never a crash (deep groups) or a hang (backtracking)
+    std::string dir = pooltest::write_adapter(root, "regex", m, s);
+    const std::string deep = std::string(100000, '(') + "x" + std::string(100000, ')');
+    rewrite_config(dir, R"({"r": 4, "rank_pattern": {")" + deep + R"(": 8}})");
+    expect_error("deep rank_pattern key", dir, StatusCode::kParseError, "longer than 512", "");
+    const std::string groups = std::string(40, '(') + "x" + std::string(40, ')');
+    rewrite_config(dir, R"({"r": 4, "alpha_pattern": {")" + groups + R"(": 8}})");
+    expect_error("many groups", dir, StatusCode::kParseError, "more than 32 groups", "");
+    rewrite_config(dir, R"({"r": 4, "alpha_pattern": {"down[": 8}})");
+    expect_error("bad regex", dir, StatusCode::kParseError, "not a valid regex", "down[");
+    // Exponential for a backtracking matcher on these ~45-character module names.
+    rewrite_config(dir, R"({"r": 4, "target_modules": "(.*)*(.*)*(.*)*(.*)*(.*)*Q"})");
+    expect_error("backtracking regex", dir, StatusCode::kParseError, "not in target_modules",
+                 "gate_proj");
+    rewrite_config(dir, R"({"r": 4, "rank_pattern": {"(.*)*(.*)*(.*)*(.*)*(.*)*Q": 8}})");
+    int32_t id = -1;
+    Status st = pool->load("backtracking pattern", dir, &id);  // matches nothing: r = 4 holds
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (st.ok()) {
+      ASSERT_TRUE(pool->unload(id).ok());
+    }
+    // A config nested a million levels deep is parsed without recursion.
+    rewrite_config(dir, std::string(1000000, '[') + std::string(1000000, ']'));
+    expect_error("deep config", dir, StatusCode::kParseError, "not a JSON object", "");
+  }
   {  // no adapter_model.safetensors
     std::string dir = pooltest::write_adapter(root, "nofile", m, s);
     ASSERT_EQ(::unlink((dir + "/adapter_model.safetensors").c_str()), 0);

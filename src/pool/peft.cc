@@ -1,6 +1,7 @@
 // PEFT adapter loading: config, tensor-name mapping, validation, conversion into a slot image.
 #include "pool/peft.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -24,18 +25,39 @@ Status perr(const std::string& file, const std::string& what) {
   return Status::ParseError(file + ": " + what);
 }
 
-// "(.*\.)?(key)$" full match, as PEFT's get_pattern_key; a bad regex matches nothing.
-bool pattern_matches(const std::string& key, const std::string& module) {
+// Compiles `pattern` (a config regex) within the bounds of peft.h; false with *err set when it
+// is too long, too nested or not a valid ECMAScript regex.
+bool compile_pattern(const std::string& pattern, std::shared_ptr<const std::regex>* out,
+                     std::string* err) {
+  if (pattern.size() > kMaxPatternChars) {
+    *err = "is longer than " + std::to_string(kMaxPatternChars) + " characters";
+    return false;
+  }
+  if (std::count(pattern.begin(), pattern.end(), '(') > kMaxPatternGroups) {
+    *err = "has more than " + std::to_string(kMaxPatternGroups) + " groups";
+    return false;
+  }
+  auto flags = std::regex::ECMAScript;
+#ifdef __GLIBCXX__
+  flags |= std::regex_constants::__polynomial;  // BFS matcher: no exponential backtracking
+#endif
+  try {
+    *out = std::make_shared<const std::regex>(pattern, flags);
+  } catch (const std::exception& e) {
+    *err = std::string("is not a valid regex (") + e.what() + ")";
+    return false;
+  }
+  return true;
+}
+
+// "(.*\.)?(key)$" full match, as PEFT's get_pattern_key (re is that regex, compiled).
+bool pattern_matches(const std::string& key, const std::regex* re, const std::string& module) {
   if (module == key) return true;
   if (module.size() > key.size() &&
       module.compare(module.size() - key.size(), key.size(), key) == 0 &&
       module[module.size() - key.size() - 1] == '.')
     return true;
-  try {
-    return std::regex_match(module, std::regex("(.*\\.)?(" + key + ")"));
-  } catch (const std::exception&) {
-    return false;
-  }
+  return re && std::regex_match(module, *re);
 }
 
 // Parses the decimal at s[pos...] (≤ 9 digits) and advances pos; false when none.
@@ -157,26 +179,24 @@ Status make_layout(const PoolConfig& cfg, ImageLayout* out) {
 }
 
 int PeftConfig::rank_for(const std::string& module) const {
-  for (const auto& kv : rank_pattern)
-    if (pattern_matches(kv.first, module)) return kv.second;
+  for (size_t i = 0; i < rank_pattern.size(); ++i)
+    if (pattern_matches(rank_pattern[i].first, i < rank_re.size() ? rank_re[i].get() : nullptr,
+                        module))
+      return rank_pattern[i].second;
   return r;
 }
 
 double PeftConfig::alpha_for(const std::string& module) const {
-  for (const auto& kv : alpha_pattern)
-    if (pattern_matches(kv.first, module)) return kv.second;
+  for (size_t i = 0; i < alpha_pattern.size(); ++i)
+    if (pattern_matches(alpha_pattern[i].first, i < alpha_re.size() ? alpha_re[i].get() : nullptr,
+                        module))
+      return alpha_pattern[i].second;
   return lora_alpha;
 }
 
 bool PeftConfig::targets_module(const std::string& module) const {
   if (!has_targets || target_all_linear) return true;
-  if (target_regex) {
-    try {
-      return std::regex_match(module, std::regex(targets[0]));
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
+  if (target_regex) return target_re && std::regex_match(module, *target_re);
   for (const auto& t : targets) {
     if (module == t) return true;
     if (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
@@ -241,7 +261,8 @@ Status parse_peft_config(const std::string& text, const std::string& file, PeftC
     if (!v->is_object()) return perr(file, "rank_pattern must be an object");
     for (auto it = v->begin(); it != v->end(); ++it) {
       if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > 65536)
-        return perr(file, "rank_pattern[\"" + it.key() + "\"] must be a positive integer");
+        return perr(file,
+                    "rank_pattern[\"" + it.key().substr(0, 64) + "\"] must be a positive integer");
       c.rank_pattern.emplace_back(it.key(), static_cast<int>(it->get<int64_t>()));
     }
   }
@@ -249,9 +270,24 @@ Status parse_peft_config(const std::string& text, const std::string& file, PeftC
     if (!v->is_object()) return perr(file, "alpha_pattern must be an object");
     for (auto it = v->begin(); it != v->end(); ++it) {
       if (!it->is_number())
-        return perr(file, "alpha_pattern[\"" + it.key() + "\"] must be a number");
+        return perr(file, "alpha_pattern[\"" + it.key().substr(0, 64) + "\"] must be a number");
       c.alpha_pattern.emplace_back(it.key(), it->get<double>());
     }
+  }
+  // Compile every regex once, bounded (a hostile pattern is an error, not a crash or a hang).
+  auto shown = [](const std::string& k) { return k.size() > 64 ? k.substr(0, 64) + "..." : k; };
+  std::string err;
+  if (c.target_regex && !compile_pattern(c.targets[0], &c.target_re, &err))
+    return perr(file, "target_modules \"" + shown(c.targets[0]) + "\" " + err);
+  for (const auto& kv : c.rank_pattern) {
+    c.rank_re.emplace_back();
+    if (!compile_pattern("(.*\\.)?(" + kv.first + ")", &c.rank_re.back(), &err))
+      return perr(file, "rank_pattern key \"" + shown(kv.first) + "\" " + err);
+  }
+  for (const auto& kv : c.alpha_pattern) {
+    c.alpha_re.emplace_back();
+    if (!compile_pattern("(.*\\.)?(" + kv.first + ")", &c.alpha_re.back(), &err))
+      return perr(file, "alpha_pattern key \"" + shown(kv.first) + "\" " + err);
   }
   *out = std::move(c);
   return Status::Ok();

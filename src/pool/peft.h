@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -34,12 +36,22 @@ struct PeftConfig {
   std::vector<std::string> targets;  // list entries, or the one regex
   std::vector<std::pair<std::string, int>> rank_pattern;
   std::vector<std::pair<std::string, double>> alpha_pattern;
+  // Compiled once by parse_peft_config (bounded: see kMaxPatternChars): the target regex and
+  // "(.*\.)?(key)" of every rank_pattern / alpha_pattern key, in the same order.
+  std::shared_ptr<const std::regex> target_re;
+  std::vector<std::shared_ptr<const std::regex>> rank_re, alpha_re;
   // Resolves rank, alpha and whether `module` (e.g. "model.layers.3.mlp.experts.7.up_proj")
   // is targeted, as PEFT does.
   int rank_for(const std::string& module) const;
   double alpha_for(const std::string& module) const;
   bool targets_module(const std::string& module) const;
 };
+// Regexes from a config (target_modules string, rank_pattern / alpha_pattern keys) are refused
+// above this length or with more than kMaxPatternGroups '(' (std::regex compiles and matches
+// recursively: a hostile pattern could otherwise exhaust the stack), and run with the
+// polynomial-time matcher where the standard library has one (libstdc++).
+constexpr size_t kMaxPatternChars = 512;
+constexpr int kMaxPatternGroups = 32;
 // Parses JSON text of adapter_config.json; `file` names it in errors.
 Status parse_peft_config(const std::string& text, const std::string& file, PeftConfig* out);
 
