@@ -7,8 +7,8 @@ padded to a multiple of ``block_size``, in the layout the fused_moe family of ke
   blocks.
 * ``num_tokens_post_pad`` int32 [1]: the used positions (a multiple of B).
 
-numpy arrays run the CPU reference; CUDA torch tensors / cupy arrays run the kernel (two
-launches, no host synchronisation, capturable into CUDA graphs when ``out`` and ``workspace``
+numpy arrays run the CPU reference; CUDA torch tensors / cupy arrays run the kernel (one
+launch for T*k <= 4096, three above, no host synchronisation, capturable into CUDA graphs when ``out`` and ``workspace``
 are preallocated). Outputs are allocated with the input's framework unless ``out`` is given.
 Ids outside ``[0, num_experts)`` go to no bucket; so do the pairs of tokens whose slot is -1.
 """

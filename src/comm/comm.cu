@@ -132,11 +132,22 @@ __device__ bool cta_wait(const RankArgs& ra, int world, const uint64_t* flags, s
   return *s_err != 0;
 }
 
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 x, float* v) {
+  uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = Cvt<T>::to(w[i] & 0xffffu);
+    v[2 * i + 1] = Cvt<T>::to(w[i] >> 16);
+  }
+}
+
 // Rows [row_begin, row_end) of: residual = round(sum + residual);
 // out = round(residual * rsqrt(mean(residual^2) + eps) * weight). The whole CTA works on one row
-// at a time; `sum` may alias `out`. Shared by the fused kernel and the standalone one, so both
-// give the same bits.
-template <typename T>
+// at a time; `sum` may alias `out`. kVector: 16-byte accesses (hidden % 8 == 0, every pointer
+// 16-byte aligned). Shared by the fused kernel and the standalone one, which choose kVector by
+// the same rule (rmsnorm_vectorised), so both paths give the same bits.
+template <typename T, bool kVector>
 __device__ void residual_rmsnorm_rows(const uint16_t* sum, uint16_t* residual,
                                       const uint16_t* weight, uint16_t* out, int64_t row_begin,
                                       int64_t row_end, int64_t hidden, float eps) {
@@ -147,10 +158,26 @@ __device__ void residual_rmsnorm_rows(const uint16_t* sum, uint16_t* residual,
     uint16_t* res = residual + row * hidden;
     uint16_t* o = out + row * hidden;
     float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
-      float r = Cvt<T>::to(Cvt<T>::from(Cvt<T>::to(s[j]) + Cvt<T>::to(res[j])));
-      res[j] = static_cast<uint16_t>(Cvt<T>::from(r));
-      ss += r * r;
+    if (kVector) {
+      const uint4* s4 = reinterpret_cast<const uint4*>(s);
+      uint4* r4 = reinterpret_cast<uint4*>(res);
+      for (int64_t j = threadIdx.x; j < hidden / 8; j += kThreads) {
+        float a[8], b[8];
+        unpack8<T>(s4[j], a);
+        unpack8<T>(r4[j], b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          a[i] = Cvt<T>::to(Cvt<T>::from(a[i] + b[i]));
+          ss += a[i] * a[i];
+        }
+        r4[j] = pack8<T>(a);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+        float r = Cvt<T>::to(Cvt<T>::from(Cvt<T>::to(s[j]) + Cvt<T>::to(res[j])));
+        res[j] = static_cast<uint16_t>(Cvt<T>::from(r));
+        ss += r * r;
+      }
     }
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
@@ -161,9 +188,25 @@ __device__ void residual_rmsnorm_rows(const uint16_t* sum, uint16_t* residual,
       s_inv = rsqrtf(tot / static_cast<float>(hidden) + eps);
     }
     __syncthreads();
-    for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
-      o[j] =
-          static_cast<uint16_t>(Cvt<T>::from(Cvt<T>::to(res[j]) * s_inv * Cvt<T>::to(weight[j])));
+    const float inv = s_inv;
+    if (kVector) {
+      const uint4* r4 = reinterpret_cast<const uint4*>(res);
+      const uint4* w4 = reinterpret_cast<const uint4*>(weight);
+      uint4* o4 = reinterpret_cast<uint4*>(o);
+      for (int64_t j = threadIdx.x; j < hidden / 8; j += kThreads) {
+        float r[8], w[8];
+        unpack8<T>(r4[j], r);
+        unpack8<T>(w4[j], w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r[i] = r[i] * inv * w[i];
+        o4[j] = pack8<T>(r);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+        o[j] =
+            static_cast<uint16_t>(Cvt<T>::from(Cvt<T>::to(res[j]) * inv * Cvt<T>::to(weight[j])));
+    }
+    __syncthreads();  // s_inv and red are rewritten by the next row
   }
 }
 
@@ -231,9 +274,9 @@ __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a
     if (kFused) {  // 5. residual + rmsnorm of this CTA's rows (the sums are in out)
       __syncthreads();
       auto* o16 = static_cast<uint16_t*>(ra.out);
-      residual_rmsnorm_rows<T>(o16, static_cast<uint16_t*>(ra.residual),
-                               static_cast<const uint16_t*>(ra.weight), o16, rb, re, a.hidden,
-                               a.eps);
+      residual_rmsnorm_rows<T, true>(o16, static_cast<uint16_t*>(ra.residual),
+                                     static_cast<const uint16_t*>(ra.weight), o16, rb, re, a.hidden,
+                                     a.eps);
     }
   } else {
     uint64_t cb[kMaxWorld], sb[kMaxWorld], se[kMaxWorld];
@@ -288,12 +331,20 @@ __global__ void __launch_bounds__(kThreads) molora_allreduce_kernel(LaunchArgs a
   }
 }
 
-template <typename T>
+template <typename T, bool kVector>
 __global__ void __launch_bounds__(kThreads)
     molora_residual_rmsnorm_kernel(const uint16_t* sum, uint16_t* residual, const uint16_t* weight,
                                    uint16_t* out, int64_t hidden, float eps) {
-  residual_rmsnorm_rows<T>(sum, residual, weight, out, blockIdx.x, blockIdx.x + 1, hidden, eps);
+  residual_rmsnorm_rows<T, kVector>(sum, residual, weight, out, blockIdx.x, blockIdx.x + 1, hidden,
+                                    eps);
 }
+using RmsnormFn = void (*)(const uint16_t*, uint16_t*, const uint16_t*, uint16_t*, int64_t, float);
+// [bf16][vector]
+const RmsnormFn kRmsnorm[2][2] = {
+    {molora_residual_rmsnorm_kernel<__half, false>, molora_residual_rmsnorm_kernel<__half, true>},
+    {molora_residual_rmsnorm_kernel<__nv_bfloat16, false>,
+     molora_residual_rmsnorm_kernel<__nv_bfloat16, true>},
+};
 
 __global__ void molora_probe_wait(volatile uint32_t* flag, uint64_t timeout_ns, uint32_t* ok) {
   uint64_t end = globaltimer() + timeout_ns;
@@ -338,10 +389,8 @@ Status preload_kernels(int device) {
     err = cudaFuncGetAttributes(&attr, Kernels<__nv_bfloat16>::fn[k]);
     if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, Kernels<__half>::fn[k]);
   }
-  if (err == cudaSuccess)
-    err = cudaFuncGetAttributes(&attr, molora_residual_rmsnorm_kernel<__nv_bfloat16>);
-  if (err == cudaSuccess)
-    err = cudaFuncGetAttributes(&attr, molora_residual_rmsnorm_kernel<__half>);
+  for (int k = 0; k < 4 && err == cudaSuccess; ++k)
+    err = cudaFuncGetAttributes(&attr, kRmsnorm[k / 2][k % 2]);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, molora_probe_wait);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, molora_probe_set);
   cudaSetDevice(prev);
@@ -357,11 +406,9 @@ Status launch_residual_rmsnorm(const void* sum, void* residual, const void* weig
   auto* r = static_cast<uint16_t*>(residual);
   auto* w = static_cast<const uint16_t*>(weight);
   auto* o = static_cast<uint16_t*>(out);
-  if (dtype == DType::kBF16)
-    molora_residual_rmsnorm_kernel<__nv_bfloat16>
-        <<<rows, kThreads, 0, stream>>>(s, r, w, o, hidden, eps);
-  else
-    molora_residual_rmsnorm_kernel<__half><<<rows, kThreads, 0, stream>>>(s, r, w, o, hidden, eps);
+  const bool vec = rmsnorm_vectorised(sum, residual, weight, out, hidden);
+  kRmsnorm[dtype == DType::kBF16 ? 1 : 0][vec ? 1 : 0]<<<rows, kThreads, 0, stream>>>(s, r, w, o,
+                                                                                      hidden, eps);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

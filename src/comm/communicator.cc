@@ -662,7 +662,7 @@ Status Communicator::all_reduce_residual_rmsnorm(const void* in, void* residual,
   bool two = m.two_shot_for(static_cast<size_t>(numel) * 2);
   comm::LaunchArgs a = m.launch_args(in, out, numel, 2, dtype, two, static_cast<uint64_t>(hidden));
   const int64_t rows = numel / hidden;
-  if (!two && hidden % 8 == 0) {
+  if (!two && comm::rmsnorm_vectorised(in, residual, weight, out, hidden)) {
     // One kernel: all-reduce, residual add and rmsnorm; each CTA owns whole rows.
     a.ranks[0].residual = residual;
     a.ranks[0].weight = weight;

@@ -45,6 +45,13 @@ Status launch_all_reduce(const LaunchArgs& a, int grid_x, int grid_y, DType dtyp
 // in-process group that spins on a peer whose kernel is not loaded yet would then wait until
 // its deadline. Called at creation.
 Status preload_kernels(int device);
+// Whether the residual+rmsnorm step uses 16-byte accesses (and so the fused one-shot kernel may
+// serve the call): hidden % 8 == 0 and every pointer 16-byte aligned.
+inline bool rmsnorm_vectorised(const void* sum, const void* residual, const void* weight,
+                               const void* out, int64_t hidden) {
+  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return hidden % 8 == 0 && al(sum) && al(residual) && al(weight) && al(out);
+}
 // residual = round(sum + residual); out = round(residual * rsqrt(mean sq + eps) * weight);
 // `sum` may alias `out`.
 Status launch_residual_rmsnorm(const void* sum, void* residual, const void* weight, void* out,

@@ -41,10 +41,24 @@ inline int choose_path(const PathInputs& c) {
   return kP2P;
 }
 
-// Default one-shot/two-shot switch point (bytes) for `world`, measured with bench_comm on one
-// H200 (bench/NOTES.md "## comm"); MOLORA_COMM_ONESHOT_MAX_BYTES overrides it.
+// Default one-shot/two-shot switch point (bytes) for `world`: the largest size at which one-shot
+// was no slower than two-shot in bench_comm on ONE H200 (ranks as streams, 2026-12-02,
+// bench/NOTES.md "## comm"). On NVLink the balance differs (one-shot moves (w-1)*S per GPU over
+// the links); re-measure there (issue 7). MOLORA_COMM_ONESHOT_MAX_BYTES overrides it.
 inline size_t default_oneshot_max(int world) {
-  return world <= 2 ? (size_t(1) << 20) : world <= 4 ? (size_t(512) << 10) : (size_t(256) << 10);
+  constexpr size_t kKB = 1024;
+  switch (world) {
+    case 2:
+      return 4096 * kKB;
+    case 3:
+    case 4:
+      return 1024 * kKB;
+    case 5:
+    case 6:
+      return 512 * kKB;
+    default:
+      return 256 * kKB;
+  }
 }
 
 // CTAs per rank for a call of nvec vectors.
