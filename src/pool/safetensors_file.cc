@@ -31,7 +31,23 @@ Status SafetensorsFile::open(const std::string& path, std::unique_ptr<Safetensor
     return Status::ParseError(path + ": file of " + std::to_string(size) +
                               " bytes is shorter than the 8-byte header length");
   }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  // First a plain mapping for the header: a refused file costs only the pages the parser read.
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    ::close(fd);
+    return Status::IoError(path + ": cannot mmap: " + std::strerror(e));
+  }
+  StHeader header;
+  Status s = parse_safetensors(static_cast<const uint8_t*>(p), size, path, &header);
+  ::munmap(p, size);
+  if (!s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  // Valid: the data is read once, in order. MAP_POPULATE fills the page tables from the page
+  // cache in one pass (measured faster than faulting, and than MADV_POPULATE_READ, here).
+  p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
   int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) return Status::IoError(path + ": cannot mmap: " + std::strerror(e));
@@ -40,7 +56,7 @@ Status SafetensorsFile::open(const std::string& path, std::unique_ptr<Safetensor
   f->path_ = path;
   f->base_ = static_cast<const uint8_t*>(p);
   f->size_ = size;
-  MOLORA_RETURN_IF_ERROR(parse_safetensors(f->base_, size, path, &f->header_));
+  f->header_ = std::move(header);
   *out = std::move(f);
   return Status::Ok();
 }
