@@ -186,6 +186,71 @@ def test_rank_over_r_max_and_shape_mismatch(tmp_path, rng):
     assert pool.stats()["adapters"] == 0
 
 
+def rewrite(d, tensors, cfg=None):
+    """Re-saves an adapter directory's tensors (float32, through the safetensors package) and,
+    optionally, its adapter_config.json."""
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
+              os.path.join(d, "adapter_model.safetensors"))
+    if cfg is not None:
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(cfg, f)
+
+
+def test_broken_adapters_name_file_and_tensor(tmp_path, rng):
+    pool = new_pool()
+    d, t = make_adapter(str(tmp_path), "a", rng)
+    a0 = name(0, 1, "up_proj", "A")
+    b0 = name(0, 1, "up_proj", "B")
+    missing_b = {k: v for k, v in t.items() if k != b0}
+    rewrite(d, missing_b)
+    with pytest.raises(RuntimeError, match="parse_error") as e:
+        pool.load("a", d)
+    assert "lora_A without its lora_B" in str(e.value) and a0 in str(e.value)
+    assert "adapter_model.safetensors" in str(e.value)
+    mismatch = dict(t)
+    mismatch[b0] = rng.standard_normal((I, 3), dtype=np.float32)
+    rewrite(d, mismatch)
+    with pytest.raises(RuntimeError, match="has rank 4 but") as e:
+        pool.load("a", d)
+    assert b0 in str(e.value)
+    wrong = dict(t)
+    wrong[a0] = rng.standard_normal((4, H + 8), dtype=np.float32)
+    rewrite(d, wrong)
+    with pytest.raises(ValueError, match="does not match the model") as e:
+        pool.load("a", d)
+    assert a0 in str(e.value)
+    assert pool.stats()["adapters"] == 0 and pool.stats()["host_image_bytes"] == 0
+
+
+def test_rank_pattern_and_mixtral_names(tmp_path, rng):
+    d, t = make_adapter(str(tmp_path), "p", rng, r=4)
+    # down_proj of every expert at rank 2 (rank_pattern), alpha 6 (alpha_pattern); Mixtral names.
+    t2, ren = {}, {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    for k, v in t.items():
+        if "down_proj" in k:
+            v = v[:2] if "lora_A" in k else v[:, :2]
+        for a, b in ren.items():
+            k = k.replace(f".{a}.", f".{b}.")
+        t2[k.replace(".mlp.experts.", ".block_sparse_moe.experts.")] = v
+    rewrite(d, t2, {"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                    "target_modules": ["w1", "w2", "w3"], "rank_pattern": {"w2": 2},
+                    "alpha_pattern": {"w2": 6}})
+    pool = new_pool(dtype="float32")
+    pool.load("p", d)
+    s = int(pool.prepare(["p"])[0])
+    for l in range(L):
+        v = pool.tensors(l)
+        assert v["rank"][:, s].tolist() == [4, 4, 2]
+        np.testing.assert_allclose(v["scale"][:, s], [2.0, 2.0, 3.0])
+        for e in range(E):
+            key = f"base_model.model.model.layers.{l}.block_sparse_moe.experts.{e}"
+            np.testing.assert_array_equal(v["a_down"][s, e, :2], t2[key + ".w2.lora_A.weight"])
+            np.testing.assert_array_equal(v["b_down"][s, e, :, :2], t2[key + ".w2.lora_B.weight"])
+            assert not v["a_down"][s, e, 2:].any() and not v["b_down"][s, e, :, 2:].any()
+            np.testing.assert_array_equal(v["b_gate_up"][1, s, e, :, :4],
+                                          t2[key + ".w3.lora_B.weight"])
+
+
 class PolicyModel:
     """The slot policy, as simply as possible: free slots lowest first, then the least recently
     used unpinned adapter not in the batch; the batch's adapters are touched in order of first
