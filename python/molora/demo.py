@@ -798,7 +798,16 @@ def profile_gpu(torch, g_step, path: str, steps: int = 10) -> dict:
             with record_function("step[DECODE]"):
                 g_step.replay()
         torch.cuda.synchronize()
-    prof.export_chrome_trace(path)  # .gz: torch writes it gzip-compressed
+    if path.endswith(".gz"):  # gzip it ourselves: not every torch version does for .gz
+        import gzip
+
+        with tempfile.TemporaryDirectory() as d:
+            raw = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as fin, gzip.open(path, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+    else:
+        prof.export_chrome_trace(path)
     cli = find_cli()
     if cli is None:
         return {"trace": path, "summary": None,
