@@ -776,15 +776,17 @@ def reference_torch(torch, ctx, topk_ids, topk_w) -> np.ndarray:
 
 
 def find_cli() -> Optional[str]:
-    """The molora CLI: $MOLORA_CLI, the build tree beside this package (<build>/python/molora ->
-    <build>/src/cli/molora), else `molora` on PATH."""
+    """The molora CLI: $MOLORA_CLI, the build tree this package sits in (<build>/python/molora
+    or <build>/py/python/molora -> <build>/src/cli/molora), else `molora` on PATH."""
     env = os.environ.get("MOLORA_CLI")
     if env and os.access(env, os.X_OK):
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    cand = os.path.normpath(os.path.join(here, "..", "..", "src", "cli", "molora"))
-    if os.access(cand, os.X_OK):
-        return cand
+    # <build>/python/molora, or tools/gpu-check's <build>/py/python/molora
+    for up in (("..", ".."), ("..", "..", "..")):
+        cand = os.path.normpath(os.path.join(here, *up, "src", "cli", "molora"))
+        if os.access(cand, os.X_OK):
+            return cand
     return shutil.which("molora")
 
 

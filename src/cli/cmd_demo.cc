@@ -1,9 +1,10 @@
 // `molora demo [args]`: runs `python3 -m molora.demo args...` (one MoE multi-LoRA decode layer
-// end to end, see python/molora/demo.py) with PYTHONPATH pointing at this build tree's Python
-// package (<build>/python, found from /proc/self/exe: <build>/src/cli/molora), else at an
-// installed molora. Every argument, --help included, goes to the Python side unchanged; the
-// exit code is the demo's (0 check passed, 1 check failed, 2 usage), 127 when no Python starts.
-// MOLORA_PYTHON overrides the interpreter (default: python3 on PATH).
+// end to end, see python/molora/demo.py) with this build tree's Python package (<build>/python,
+// found from /proc/self/exe: <build>/src/cli/molora) put first on PYTHONPATH; without one there,
+// PYTHONPATH is left as it is (an installed molora, or one the caller points at). Every argument,
+// --help included, goes to the Python side unchanged; the exit code is the demo's (0 check passed,
+// 1 check failed, 2 usage), 127 when no Python starts. MOLORA_PYTHON overrides the interpreter
+// (default: python3 on PATH).
 #include <limits.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -34,14 +35,18 @@ bool is_file(const std::string& p) {
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// <build>/python when this executable is <build>/src/cli/molora and the package is there.
+// <build>/python (or tools/gpu-check's <build>/py/python) when this executable is
+// <build>/src/cli/molora and the package with its extension is there; "" otherwise.
 std::string build_python_dir() {
   std::string d = self_dir();
   if (d.empty()) return "";
-  std::string py = d + "/../../python";
-  if (!is_file(py + "/molora/__init__.py") || !is_file(py + "/molora/demo.py")) return "";
-  char real[PATH_MAX];
-  return realpath(py.c_str(), real) ? std::string(real) : py;
+  for (const char* rel : {"/../../python", "/../../py/python"}) {
+    std::string py = d + rel;
+    if (!is_file(py + "/molora/__init__.py") || !is_file(py + "/molora/demo.py")) continue;
+    char real[PATH_MAX];
+    return realpath(py.c_str(), real) ? std::string(real) : py;
+  }
+  return "";
 }
 
 int run_demo(const std::vector<std::string>& args) {
