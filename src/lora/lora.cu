@@ -26,6 +26,10 @@ namespace molora::lora::detail {
 namespace {
 
 constexpr int kWarps = kThreads / 32;
+constexpr int kSlotCache = 64;
+// Members of a shrink group whose x vectors are loaded a step ahead with the weights (the
+// others are loaded at use).
+constexpr int kShrinkXPrefetch = 1;  // slots whose rank and scale a CTA keeps in shared memory
 
 template <typename T>
 struct Cvt;
@@ -92,14 +96,29 @@ __device__ __forceinline__ int compact_round(bool keep, int val, int* s_mem, int
 
 // Finds work item group g: its virtual expert (*v) and its pairs (s_mem[0..count), ascending).
 // Returns 0 when the CTA has nothing to do. Every branch is uniform over the CTA.
-__device__ int find_group(const KernelArgs& a, int64_t g, int* s_mem, int* s_wcnt, int* v) {
+// Aligned: the block's expert id and this thread's first pair id, loaded one item ahead (see
+// the kernel loop) so that finding a group waits on no global load.
+struct AlignedIds {
+  int ve = -1, p = -1;
+};
+__device__ __forceinline__ AlignedIds load_aligned_ids(const KernelArgs& a, int64_t g) {
+  AlignedIds r;
+  r.ve = __ldg(a.rt.expert_ids + g);
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < a.block && g * a.block + i < a.sorted_len)
+    r.p = __ldg(a.rt.sorted_token_ids + g * a.block + i);
+  return r;
+}
+
+__device__ int find_group(const KernelArgs& a, int64_t g, const AlignedIds& pre, int* s_mem,
+                          int* s_wcnt, int* v) {
   const int V = a.S * a.E;
   if (a.mode == kModeAligned) {
-    const int ve = __ldg(a.rt.expert_ids + g);
+    const int ve = pre.ve;
     if (ve < 0 || ve >= V) return 0;
     *v = ve;
-    int total = 0;
-    for (int base = 0; base < a.block; base += kThreads) {
+    int total = compact_round(pre.p >= 0 && pre.p < a.P, pre.p, s_mem, 0, s_wcnt);
+    for (int base = kThreads; base < a.block; base += kThreads) {
       const int i = base + static_cast<int>(threadIdx.x);
       int p = -1;
       if (i < a.block && g * a.block + i < a.sorted_len)
@@ -145,6 +164,7 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
   const uint4* x = static_cast<const uint4*>(a.in);
   T* t = static_cast<T*>(a.out);
   const int64_t vstep = static_cast<int64_t>(wpr) * 32;
+  constexpr int XP = U <= 4 ? kShrinkXPrefetch : 0;
   for (int rb = row0; rb < row_end; rb += rows_pass) {
     const int row = rb + rsub;
     const bool live = row < row_end;
@@ -159,20 +179,27 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
 #pragma unroll
       for (int j = 0; j < kShrinkMembers; ++j) acc[j] = 0.f;
       if (live) {
-        // Double-buffered: the next U vectors are in flight while these are used.
+        // Double-buffered: the next U weight vectors, and the x vectors of the first XP
+        // members, are in flight while these are used.
         int64_t kv0 = kpart * 32 + lane;
-        uint4 wv[U];
+        uint4 wv[U], xv[XP > 0 ? XP : 1][U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int64_t kv = kv0 + u * vstep;
           wv[u] = kv < nvec ? __ldcs(wrow + kv) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int j = 0; j < XP; ++j)
+            xv[j][u] = (j < mc && kv < nvec) ? __ldg(xr[j] + kv) : make_uint4(0, 0, 0, 0);
         }
         for (; kv0 < nvec; kv0 += vstep * U) {
-          uint4 wn[U];
+          uint4 wn[U], xn[XP > 0 ? XP : 1][U];
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             const int64_t kv = kv0 + (U + u) * vstep;
             wn[u] = kv < nvec ? __ldcs(wrow + kv) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < XP; ++j)
+              xn[j][u] = (j < mc && kv < nvec) ? __ldg(xr[j] + kv) : make_uint4(0, 0, 0, 0);
           }
 #pragma unroll
           for (int j = 0; j < kShrinkMembers; ++j) {
@@ -180,12 +207,17 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
 #pragma unroll
               for (int u = 0; u < U; ++u) {
                 const int64_t kv = kv0 + u * vstep;
-                if (kv < nvec) acc[j] += dot8<T>(wv[u], __ldg(xr[j] + kv));
+                if (kv < nvec)
+                  acc[j] += dot8<T>(wv[u], j < XP ? xv[j < XP ? j : 0][u] : __ldg(xr[j] + kv));
               }
             }
           }
 #pragma unroll
-          for (int u = 0; u < U; ++u) wv[u] = wn[u];
+          for (int u = 0; u < U; ++u) {
+            wv[u] = wn[u];
+#pragma unroll
+            for (int j = 0; j < XP; ++j) xv[j][u] = xn[j][u];
+          }
         }
       }
 #pragma unroll
@@ -216,12 +248,13 @@ __device__ void shrink_item(const KernelArgs& a, int v, int r, const int* mem, i
 }
 
 // y[p, n] += scale_s * B[v, n, :r] . t[p, :r] for n in [c*tile, min((c+1)*tile, N)).
-// lpr = pow2ceil(cdiv(r, 8)) lanes share one row (one 16-byte vector each) and reduce by
-// shuffle; U rows per thread are loaded before any is used, and y of the first pair is loaded
-// beside them.
+// lpr = pow2ceil(cdiv(r, 8)) lanes share one row (one 16-byte vector each) and reduce by a
+// butterfly shuffle, so every lane of the row holds each member's sum; lane li of the row
+// read-modify-writes y of members li, li + lpr, ... The y of the first lpr members is loaded
+// with the weights of the pass, a pass ahead of its use (U rows per thread in flight).
 template <typename T, int U>
-__device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, int count, int c,
-                            float* s_t) {
+__device__ void expand_item(const KernelArgs& a, int v, int r, float scale, const int* mem,
+                            int count, int c, float* s_t) {
   const int64_t N = a.dim;
   const int64_t n0 = static_cast<int64_t>(c) * a.tile;
   const int64_t n1 = min(N, n0 + a.tile);
@@ -231,7 +264,6 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
   const int rows_pass = kThreads / lpr;
   const int tid = threadIdx.x, li = tid & (lpr - 1), rl = tid / lpr;
   const int R = a.r_max, ldt = lpr * 8;
-  const float scale = __ldg(a.scales + v / a.E);
   const T* Bw = static_cast<const T*>(a.w) + static_cast<int64_t>(v) * N * R;
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
@@ -248,8 +280,10 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
                                            : 0u);
   const int row_step = rows_pass * R;  // elements between the rows of u and u + 1
   const int64_t pass_rows = static_cast<int64_t>(rows_pass) * U;
-  T* const y0row = y + static_cast<int64_t>(mem[0]) * N;
-  // Loads of one pass: U weight vectors per thread, and y of the group's first pair.
+  // This lane's member of the first round (members 0..lpr-1), whose y is prefetched.
+  const bool own0 = li < count;
+  const T* const y0row = y + static_cast<int64_t>(mem[own0 ? li : 0]) * N;
+  // Loads of one pass: U weight vectors per thread, and y of this lane's first-round member.
   auto load_pass = [&](int64_t base, uint4(&w)[U], float(&y0)[U]) {
     const int64_t lim64 = n1 - base - rl;
     const int lim = lim64 <= 0 ? 0 : static_cast<int>(min(lim64, static_cast<int64_t>(INT32_MAX)));
@@ -259,8 +293,7 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
       w[u] = (u * rows_pass < lim && li < nv)
                  ? __ldcs(reinterpret_cast<const uint4*>(bp + u * row_step))
                  : make_uint4(0, 0, 0, 0);
-      y0[u] =
-          (li == 0 && u * rows_pass < lim) ? Cvt<T>::one(y0row[base + rl + u * rows_pass]) : 0.f;
+      y0[u] = (own0 && u * rows_pass < lim) ? Cvt<T>::one(y0row[base + rl + u * rows_pass]) : 0.f;
     }
   };
   auto stage = [&](int m0, int mc) {
@@ -288,20 +321,14 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
         wv[u].x &= keep.x, wv[u].y &= keep.y, wv[u].z &= keep.z, wv[u].w &= keep.w;
       }
     }
+    float mine[U];  // this lane's member's sums of the current round
+#pragma unroll
+    for (int u = 0; u < U; ++u) mine[u] = 0.f;
     for (int m0 = 0; m0 < count; m0 += kExpandMembers) {
       const int mc = min(kExpandMembers, count - m0);
       if (!one_tile) stage(m0, mc);
       for (int m = 0; m < mc; ++m) {
-        T* yp = y + static_cast<int64_t>(mem[m0 + m]) * N + base + rl;
-        float yold[U];
-        if (m0 + m == 0) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) yold[u] = y0v[u];
-        } else {
-#pragma unroll
-          for (int u = 0; u < U; ++u)
-            yold[u] = (li == 0 && u * rows_pass < lim64c) ? Cvt<T>::one(yp[u * rows_pass]) : 0.f;
-        }
+        const int mm = m0 + m;
         const float4 t0 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8);
         const float4 t1 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8 + 4);
         float part[U];
@@ -322,10 +349,22 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, const int* mem, i
         for (int off = lpr >> 1; off > 0; off >>= 1)
 #pragma unroll
           for (int u = 0; u < U; ++u) part[u] += __shfl_xor_sync(~0u, part[u], off);
-        if (li == 0) {
+        const int owner = mm & (lpr - 1);
 #pragma unroll
-          for (int u = 0; u < U; ++u)
-            if (u * rows_pass < lim64c) yp[u * rows_pass] = Cvt<T>::from(yold[u] + scale * part[u]);
+        for (int u = 0; u < U; ++u) mine[u] = li == owner ? part[u] : mine[u];
+        if (owner == lpr - 1 || mm == count - 1) {  // round complete: each lane writes its member
+          const int rbase = mm - owner;
+          if (li <= owner) {
+            const int mine_m = rbase + li;
+            T* yp = y + static_cast<int64_t>(mem[mine_m]) * N + base + rl;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              if (u * rows_pass < lim64c) {
+                const float yold = rbase == 0 ? y0v[u] : Cvt<T>::one(yp[u * rows_pass]);
+                yp[u * rows_pass] = Cvt<T>::from(yold + scale * mine[u]);
+              }
+            }
+          }
         }
       }
     }
@@ -340,6 +379,8 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
   __shared__ int s_wcnt[kWarps];
   __shared__ float s_red[kWarps][kShrinkMembers];
   __shared__ __align__(16) float s_t[OP == Op::kExpand ? kExpandMembers * 128 : 4];
+  __shared__ int s_rank[kSlotCache];
+  __shared__ float s_scale[kSlotCache];
   // Items the device can hold work in: aligned, the used blocks only (num_tokens_post_pad).
   int64_t n_groups = a.P;
   if (a.mode == kModeAligned) {
@@ -348,22 +389,39 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
     n_groups = used / a.block;
   }
   const int64_t n_items = n_groups * a.chunks;
+  // Ranks and scales of the first kSlotCache slots in shared memory: one load per CTA instead
+  // of a dependent global load between finding a group and its first weight load.
+  const bool cached = a.S <= kSlotCache;
+  if (cached) {
+    for (int s = threadIdx.x; s < a.S; s += kThreads) {
+      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+      s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
+    }
+  }
+  // Aligned ids of this CTA's next item, loaded while the current item streams.
+  const bool al = a.mode == kModeAligned;
+  AlignedIds pre;
+  if (al && blockIdx.x < n_items) pre = load_aligned_ids(a, blockIdx.x / a.chunks);
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const int64_t g = item / a.chunks;
     const int c = static_cast<int>(item % a.chunks);
+    const AlignedIds cur = pre;
+    if (al && item + gridDim.x < n_items) pre = load_aligned_ids(a, (item + gridDim.x) / a.chunks);
     int v = -1;
     // Shrink chunks past the largest rank hold nothing (checked again against r_s below).
     if (OP == Op::kShrink && c * a.tile >= a.r_max) continue;
-    __syncthreads();  // the previous item's readers of s_mem are done
-    const int count = find_group(a, g, s_mem, s_wcnt, &v);
+    __syncthreads();  // the previous item's readers of s_mem are done (and s_rank written)
+    const int count = find_group(a, g, cur, s_mem, s_wcnt, &v);
     if (count == 0) continue;
-    const int r = min(max(__ldg(a.ranks + v / a.E), 0), a.r_max);
+    const int slot = v / a.E;
+    const int r = cached ? s_rank[slot] : min(max(__ldg(a.ranks + slot), 0), a.r_max);
     if (r == 0) continue;
     if (OP == Op::kShrink) {
       if (c * a.tile >= r) continue;
       shrink_item<T, U>(a, v, r, s_mem, count, c, s_red);
     } else {
-      expand_item<T, U>(a, v, r, s_mem, count, c, s_t);
+      const float scale = cached ? s_scale[slot] : __ldg(a.scales + slot);
+      expand_item<T, U>(a, v, r, scale, s_mem, count, c, s_t);
     }
   }
 }
