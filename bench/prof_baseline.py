@@ -7,8 +7,8 @@ import re
 import sys
 
 RULES = [  # the built-in rules of src/prof/rules.cc, same order
-    ("moe-lora", r"^molora_.*(lora|shrink|expand)"), ("routing", r"^molora_.*align"),
-    ("allreduce", r"^molora_.*(all_?reduce|one_?shot|two_?shot)"),
+    ("moe-lora", r"\bmolora_\w*(lora|shrink|expand)"), ("routing", r"\bmolora_\w*align"),
+    ("allreduce", r"\bmolora_\w*(all_?reduce|one_?shot|two_?shot)"),
     ("moe-lora", r"(moe|expert).*lora|lora.*(moe|expert)|sgmv|bgmv|punica|lora_(shrink|expand|a|b)\b|_lora_"),
     ("allreduce", r"^nccl\w*AllReduce"), ("allgather", r"^nccl\w*AllGather"),
     ("reducescatter", r"^nccl\w*ReduceScatter"), ("alltoall", r"^nccl\w*(AllToAll|Alltoall)"),

@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   std::printf("%-8s %-8s %10s %9s %9s %10s %9s %10s %9s %8s\n", "trace", "format", "json_MB",
               "prof_s", "prof_MB/s", "prof_RSS", "RSS/json", "python_s", "py_RSS", "speedup");
   std::vector<std::string> summary;
+  int failures = 0;
   for (int mb : sizes) {
     std::string base = "/tmp/molora_bench_prof_" + std::to_string(mb) + "mb.pt.trace.json";
     make_trace(mb, base, base + ".gz");
@@ -132,6 +133,12 @@ int main(int argc, char** argv) {
                     (p.rc != 0 || (py.seconds > 0 && py.rc != 0)) ? "  (nonzero exit!)" : "");
       std::printf("%s\n", line);
       std::fflush(stdout);
+      if (p.rc != 0 || (py.seconds > 0 && py.rc != 0)) {  // a failed run has no throughput
+        std::fprintf(stderr, "bench_prof: %s exited %d, python baseline %d on %s\n", cli.c_str(),
+                     p.rc, py.rc, path.c_str());
+        ++failures;
+        continue;
+      }
       char s[256];
       std::snprintf(s, sizeof(s),
                     "SUMMARY prof_summary_%dMB_%s %.0f MB/s, %.1fx python, RSS %.2fx json", mb, fmt,
@@ -145,5 +152,5 @@ int main(int argc, char** argv) {
     }
   }
   for (auto& s : summary) std::printf("%s\n", s.c_str());
-  return 0;
+  return failures ? 1 : 0;
 }

@@ -1,9 +1,10 @@
 # prof: reader, classification, analyses, reports (host only), and the CLI's exit codes.
 find_package(ZLIB REQUIRED)
 molora_add_test(prof_test SOURCES prof_test.cc prof_reader_test.cc LIBS molora_prof ZLIB::ZLIB)
+target_compile_definitions(prof_test PRIVATE MOLORA_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/data")
 
 if(MOLORA_BUILD_CLI)
-  set(_trace ${CMAKE_CURRENT_SOURCE_DIR}/data/h200_decode.pt.trace.json.gz)
+  set(_trace ${CMAKE_CURRENT_SOURCE_DIR}/data/prof_h200_decode.json.gz)
   if(EXISTS ${_trace})
     add_test(NAME prof_cli_summary_real COMMAND molora_cli prof summary --json ${_trace})
     set_tests_properties(prof_cli_summary_real PROPERTIES

@@ -217,4 +217,40 @@ TEST(ProfReader, HugeEventLargerThanAPiece) {
   EXPECT_EQ(t.names[t.kernels[1].name], "b\"\\");
 }
 
+// Malformed input is an error whatever the piece size and thread count: the scanner and the piece
+// parser must agree (the fuzzer found a backslash outside any string that tiny pieces reported as
+// truncation and one piece as a stray '}').
+TEST(ProfReader, MalformedVerdictDoesNotDependOnPieces) {
+  std::vector<std::string> cases = {
+      "[{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"ts\": 1, \"dur\": 2}, \\ {}]",
+      "{\"traceEvents\": [{\"ph\": \"X\"\\, \"ts\": 1}]}",
+      "{\"traceEvents\": [{\"name\": \"a\\\\\"}, {\"name\": \"b\\\"}]}",
+  };
+  std::FILE* f = std::fopen(MOLORA_TEST_DATA "/prof_fuzz_split_divergence.bin", "rb");
+  ASSERT_NE(f, nullptr);
+  std::string fz;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) fz.append(buf, n);
+  std::fclose(f);
+  cases.push_back(fz.substr(1));  // first byte: the fuzzer's option byte
+  // The verdict: the status code, and for a successful read whether it was truncated (an
+  // unterminated string at the end is a truncated file: partial result, CLI exit 3).
+  auto verdict = [](const molora::Status& s, const mp::Trace& t) {
+    return std::to_string(static_cast<int>(s.code())) + (s.ok() && t.truncated ? "+trunc" : "");
+  };
+  for (const std::string& c : cases) {
+    mp::Trace t0;
+    molora::Status s0 = read(c, &t0, 4u << 20, 1);
+    EXPECT_TRUE(!s0.ok() || t0.truncated) << c;  // never a clean result
+    for (size_t piece : {size_t{256}, size_t{263}, size_t{4u << 20}})
+      for (int threads : {1, 2}) {
+        mp::Trace t;
+        molora::Status s = read(c, &t, piece, threads);
+        EXPECT_EQ(verdict(s, t), verdict(s0, t0))
+            << "piece " << piece << " threads " << threads << ": " << s.to_string() << " vs "
+            << s0.to_string() << "\n" << c;
+      }
+  }
+}
+
 }  // namespace

@@ -121,9 +121,24 @@ TEST(ProfRules, BuiltinFamilies) {
   EXPECT_EQ(cat("void tensorrt_llm::kernels::oneShotAllReduceKernel<float>"), "allreduce");
   EXPECT_EQ(cat("fused_moe_kernel"), "moe");
   EXPECT_EQ(cat("_fused_moe_lora_kernel"), "moe-lora");
-  EXPECT_EQ(cat("molora_lora_shrink"), "moe-lora");
-  EXPECT_EQ(cat("molora_align_histogram"), "routing");
-  EXPECT_EQ(cat("molora_allreduce_oneshot"), "allreduce");
+  // molora's own kernels as CUPTI names them (demangled, in namespaces)
+  EXPECT_EQ(cat("molora::lora::detail::(anonymous namespace)::molora_lora_kernel("
+                "molora::lora::detail::(anonymous namespace)::KernelArgs)"),
+            "moe-lora");
+  EXPECT_EQ(cat("molora::(anonymous namespace)::molora_align_small("
+                "molora::(anonymous namespace)::SmallParams)"),
+            "routing");
+  EXPECT_EQ(cat("molora::(anonymous namespace)::molora_align_scatter("
+                "molora::(anonymous namespace)::ScatterParams)"),
+            "routing");
+  EXPECT_EQ(cat("void molora::comm::(anonymous namespace)::molora_allreduce_kernel<"
+                "__nv_bfloat16, 1>(molora::comm::(anonymous namespace)::LaunchArgs)"),
+            "allreduce");
+  EXPECT_EQ(cat("molora::comm::(anonymous namespace)::molora_residual_rmsnorm_kernel("
+                "unsigned short const*, unsigned short*, unsigned short const*, int, int, float)"),
+            "norm");
+  EXPECT_EQ(cat("molora_lora_kernel"), "moe-lora");
+  EXPECT_EQ(cat("xmolora_align_foo"), "other");  // molora_ must start a word
   EXPECT_EQ(cat("void moe_align_block_size_kernel<int>"), "routing");
   EXPECT_EQ(cat("void topkGatingSoftmax<8, 128>"), "routing");
   EXPECT_EQ(cat("flash_fwd_splitkv_kernel"), "attention");

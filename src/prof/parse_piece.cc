@@ -434,16 +434,19 @@ void parse_piece_impl(const char* data, size_t len, uint64_t base, PieceResult* 
   thread_local od::parser parser;
   thread_local std::string scratch;
   od::document doc;
+  bool iterating = false;  // doc has an iterator (current_location() is valid)
   auto fail = [&](error_code e, const char* where) {
     uint64_t off = base;
     const char* loc = nullptr;
-    if (doc.current_location().get(loc) == simdjson::SUCCESS && loc >= data && loc < data + len)
+    if (iterating && doc.current_location().get(loc) == simdjson::SUCCESS && loc >= data &&
+        loc < data + len)
       off = base + static_cast<uint64_t>(loc - data) - (loc > data ? 1 : 0);
     out->status = Status::ParseError("byte " + std::to_string(off) + ": " + where + ": " +
                                      simdjson::error_message(e));
   };
   simdjson::padded_string_view view(data, len, len + simdjson::SIMDJSON_PADDING);
   if (auto e = parser.iterate(view).get(doc)) return fail(e, "traceEvents");
+  iterating = true;
   od::array arr;
   if (auto e = doc.get_array().get(arr)) return fail(e, "traceEvents");
   for (auto elem : arr) {

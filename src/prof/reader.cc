@@ -130,7 +130,7 @@ inline size_t find_any(const char* p, size_t n, const char (&set)[K]) {
 }
 
 constexpr char kStringStops[2] = {'"', '\\'};
-constexpr char kEventStops[5] = {'"', '{', '}', '[', ']'};
+constexpr char kEventStops[6] = {'"', '{', '}', '[', ']', '\\'};  // '\\': an error outside strings
 
 #if defined(__SSE2__)
 // Bit i set where p[i] == c, for the 64 bytes at p.
@@ -146,17 +146,22 @@ inline uint64_t eq64(const char* p, char c) {
 }
 #endif
 
-// Bits of the bytes escaped by a backslash (simdjson's odd-backslash-run rule); `prev` carries
-// "the first byte of this block is escaped" across blocks.
+// Bits of the bytes escaped by a backslash (backslashes are rare in traces: a scalar walk over
+// them); `prev` carries "the first byte of this block is escaped" across blocks.
 inline uint64_t escaped_bits(uint64_t backslash, uint64_t* prev) {
-  if (backslash == 0 && *prev == 0) return 0;
-  backslash &= ~*prev;
-  const uint64_t follows = backslash << 1 | *prev;
-  const uint64_t even = 0x5555555555555555ULL;
-  const uint64_t odd_starts = backslash & ~even & ~follows;
-  uint64_t seq_even = 0;
-  *prev = __builtin_add_overflow(odd_starts, backslash, &seq_even) ? 1 : 0;
-  return (even ^ (seq_even << 1)) & follows;
+  uint64_t escaped = 0, m = backslash;
+  if (*prev) escaped = 1, m &= ~uint64_t{1};
+  *prev = 0;
+  while (m) {
+    int i = __builtin_ctzll(m);
+    if (i == 63) {
+      *prev = 1;
+      break;
+    }
+    escaped |= uint64_t{1} << (i + 1);
+    m &= ~(uint64_t{3} << i);
+  }
+  return escaped;
 }
 
 // Bit i set when byte i is inside a string (from the opening quote up to, not including, the
@@ -273,9 +278,15 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
         bool in_str = false, left = false;
         while (pos + 64 <= len) {
           const char* p = b + pos;
-          uint64_t esc = escaped_bits(eq64(p, '\\'), &prev_esc);
+          uint64_t bs = eq64(p, '\\');
+          uint64_t esc = escaped_bits(bs, &prev_esc);
           uint64_t quotes = eq64(p, '"') & ~esc;
           uint64_t inside = string_bits(quotes, &in_str);
+          if (bs & ~inside) {  // invalid JSON; also keeps the masks exact (escapes only in strings)
+            size_t i = pos + static_cast<size_t>(__builtin_ctzll(bs & ~inside));
+            status = scan_error(buf_base + i - 1, "backslash outside a string");
+            break;
+          }
           uint64_t br = (eq64(p, '{') | eq64(p, '}') | eq64(p, '[') | eq64(p, ']')) & ~inside;
           while (br) {
             size_t i = pos + static_cast<size_t>(__builtin_ctzll(br));
@@ -356,7 +367,7 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
         continue;
       }
       if (sc.in_events && sc.stack.size() > sc.events_depth) {  // inside an event: skip to the
-        pos += find_any(b + pos, len - pos, kEventStops);       // next quote or bracket
+        pos += find_any(b + pos, len - pos, kEventStops);       // next quote, bracket, backslash
         if (pos >= len) break;
       }
       char c = b[pos];
@@ -419,6 +430,9 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
           // A comma before this piece's first event (carried from the previous buffer).
           if (sc.in_events && sc.stack.size() == sc.events_depth && !sc.piece_has_event)
             b[pos] = ' ';
+          break;
+        case '\\':
+          status = scan_error(buf_base + pos - 1, "backslash outside a string");
           break;
         case ' ':
         case '\n':

@@ -21,9 +21,12 @@ struct Builtin {
 // Order matters: specific families before the generic ones (molora's own kernels, LoRA, and
 // routing before "moe"; every communication family before GEMM/elementwise).
 const Builtin kBuiltin[] = {
-    {C::kMoeLora, R"(^molora_.*(lora|shrink|expand))"},
-    {C::kRouting, R"(^molora_.*align)"},
-    {C::kAllReduce, R"(^molora_.*(all_?reduce|one_?shot|two_?shot))"},
+    // molora's kernels: CUPTI reports demangled names ("molora::(anonymous
+    // namespace)::molora_align_small(...)", "void molora::comm::(anonymous
+    // namespace)::molora_allreduce_kernel<__nv_bfloat16, 1>(...)"), so no ^ anchor.
+    {C::kMoeLora, R"(\bmolora_\w*(lora|shrink|expand))"},
+    {C::kRouting, R"(\bmolora_\w*align)"},
+    {C::kAllReduce, R"(\bmolora_\w*(all_?reduce|one_?shot|two_?shot))"},
     {C::kMoeLora,
      R"((moe|expert).*lora|lora.*(moe|expert)|sgmv|bgmv|punica|lora_(shrink|expand|a|b)\b|_lora_)"},
     {C::kAllReduce, R"(^nccl\w*AllReduce)"},

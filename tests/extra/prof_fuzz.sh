@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# libFuzzer on the prof trace reader (scanner, piece parser, gzip) for PROF_FUZZ_SECONDS
+# (default 60) seconds. A small separate build: clang (Debian clang 14 + libclang-rt-14-dev),
+# the reader sources, Status/settings, simdjson and zlib from Debian.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CXX=${PROF_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
+OUT=${PROF_FUZZ_DIR:-build-fuzz-prof}
+SECONDS_TO_RUN=${PROF_FUZZ_SECONDS:-60}
+mkdir -p "$OUT/corpus"
+bin=$OUT/prof_reader_fuzz
+srcs=(fuzz/prof_reader_fuzz.cc src/prof/input.cc src/prof/names.cc src/prof/parse_piece.cc
+      src/prof/reader.cc src/core/status.cc src/core/settings.cc)
+extra=()
+case "$(uname -m)" in
+  x86_64) extra=(-DMOLORA_PROF_AVX2=1) ;;
+esac
+if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" src/prof/*.h src/prof/parse_piece_avx2.cc include/molora/prof.h -newer "$bin")" ]; then
+  echo "prof_fuzz: building $bin with $CXX"
+  objs=()
+  if [ ${#extra[@]} -gt 0 ]; then
+    "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+      -mavx2 -mbmi -mbmi2 -mpclmul -mpopcnt -mlzcnt -Iinclude -Isrc -Isrc/prof \
+      -c src/prof/parse_piece_avx2.cc -o "$OUT/parse_piece_avx2.o"
+    objs=("$OUT/parse_piece_avx2.o")
+  fi
+  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    "${extra[@]}" -Iinclude -Isrc -Isrc/prof "${srcs[@]}" "${objs[@]}" -lsimdjson -lz -lpthread -o "$bin"
+fi
+# Seeds: small Kineto-like traces (pretty, compact, top-level array, truncated, escaped names)
+# and the committed fixtures.
+python3 - "$OUT/corpus" <<'PY'
+import gzip, json, os, sys
+d = sys.argv[1]
+ev = [
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+     "ts": 10.5, "dur": 2.25, "args": {"correlation": 7, "External id": 7}},
+    {"ph": "X", "cat": "kernel", "name": "fused_moe_kernel \"q\\\\", "pid": 0, "tid": 7,
+     "ts": 12.125, "dur": 3.5, "args": {"correlation": 7, "device": 0, "stream": 7,
+     "grid": [1, 2, 3], "block": [128, 1, 1]}},
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+     "ts": 1, "dur": 100},
+    {"ph": "s", "id": 7, "pid": 1, "tid": 1, "ts": 10.5, "cat": "ac2g", "name": "ac2g"},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 20,
+     "dur": 1, "args": {"device": 0, "stream": "stream 7"}},
+]
+docs = {
+    "pretty": json.dumps({"schemaVersion": 1, "traceEvents": ev,
+                          "distributedInfo": {"rank": 3}}, indent=2),
+    "compact": json.dumps({"traceEvents": ev}, separators=(",", ":")),
+    "array": json.dumps(ev),
+}
+docs["truncated"] = docs["pretty"][: len(docs["pretty"]) * 2 // 3]
+for k, v in docs.items():
+    b = v.encode()
+    open(os.path.join(d, k), "wb").write(b"\x05" + b)
+    open(os.path.join(d, k + "_big"), "wb").write(b"\x40" + b)
+open(os.path.join(d, "gzip"), "wb").write(b"\x03" + gzip.compress(docs["pretty"].encode()))
+PY
+for f in tests/data/prof_*.json; do
+  [ -f "$f" ] && { printf '\x09'; head -c 65536 "$f"; } > "$OUT/corpus/fixture_$(basename "$f")"
+done
+echo "prof_fuzz: running $SECONDS_TO_RUN s"
+"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
+echo "prof_fuzz: no crash"
