@@ -248,7 +248,8 @@ TEST(ProfReader, MalformedVerdictDoesNotDependOnPieces) {
         molora::Status s = read(c, &t, piece, threads);
         EXPECT_EQ(verdict(s, t), verdict(s0, t0))
             << "piece " << piece << " threads " << threads << ": " << s.to_string() << " vs "
-            << s0.to_string() << "\n" << c;
+            << s0.to_string() << "\n"
+            << c;
       }
   }
 }
