@@ -185,6 +185,18 @@ TEST(ProfRules, UserRulesFirstAndExplain) {
   ASSERT_TRUE(r3.add_file(path).ok());
   EXPECT_EQ(r3.classify("my_unknown_kernel"), mp::Category::kMoeLora);  // file order kept
   EXPECT_EQ(r3.classify("fused_moe_kernel"), mp::Category::kSampling);
+  // memcpy/memset name copy events, not kernels: a kernel rule there is refused (its kernels
+  // would vanish from the category table, whose memcpy/memset rows come from copy events)
+  for (const char* cat : {"memcpy", "memset"}) {
+    f = std::fopen(path.c_str(), "w");
+    std::fprintf(f, "moe ^x\n%s fused_moe\n", cat);
+    std::fclose(f);
+    mp::Rules r4;
+    s = r4.add_file(path);
+    EXPECT_EQ(s.code(), molora::StatusCode::kInvalidArgument) << cat;
+    EXPECT_NE(s.message().find(":2"), std::string::npos) << s.message();
+    EXPECT_EQ(r4.classify("fused_moe_kernel"), mp::Category::kMoe) << "rules unchanged";
+  }
 }
 
 TEST(ProfGrids, ConfigsPerKernel) {
@@ -221,6 +233,16 @@ TEST(ProfReports, SummaryJsonCsvText) {
   EXPECT_EQ(j["top_kernels"].size(), 5u);
   EXPECT_NE(mp::summary_text(s, 5).find("kernel total"), std::string::npos);
   EXPECT_NE(mp::summary_csv(s, 5).find("category,moe,moe"), std::string::npos);
+  // --top -1: every kernel, in every format
+  ASSERT_GT(s.top.size(), 5u);
+  auto lines = [](const std::string& x) { return std::count(x.begin(), x.end(), '\n'); };
+  EXPECT_EQ(lines(mp::summary_text(s, -1)) - lines(mp::summary_text(s, 0)),
+            static_cast<long>(s.top.size()));
+  EXPECT_EQ(nlohmann::json::parse(mp::summary_json(s, -1))["top_kernels"].size(), s.top.size());
+  // diff CSV carries the totals the text table has
+  std::string dc = mp::diff_csv(s, s, 3);
+  for (const char* row : {"total,kernel total,", "total,busy,", "total,wall,"})
+    EXPECT_NE(dc.find(row), std::string::npos) << row << "\n" << dc;
 }
 
 TEST(ProfRanks, SkewAndSlowestRank) {

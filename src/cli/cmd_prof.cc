@@ -158,7 +158,7 @@ molora::cli::Registrar reg(10, [](CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Opts>();
   prof->add_option("--explain", o->explain,
                    "Print which classification rule a kernel name matches");
-  prof->add_option("--rules", o->rules, "Rules file for --explain")->check(CLI::ExistingFile);
+  prof->add_option("--rules", o->rules, "Rules file (for --explain and the subcommand)")->check(CLI::ExistingFile);
   prof->require_subcommand(0, 1);
 
   auto* sum = prof->add_subcommand("summary", "Kernel time, busy, wall; categories; top kernels");
@@ -211,7 +211,8 @@ molora::cli::Registrar reg(10, [](CLI::App& app, int& exit_code) {
     if (!o->explain.empty()) {
       mp::Rules rules;
       if ((exit_code = load_rules(*o, &rules))) return;
-      std::cout << mp::explain(rules, o->explain);
+      // With a machine-readable output the explanation goes to stderr (stdout stays one document).
+      (o->json || o->csv ? std::cerr : std::cout) << mp::explain(rules, o->explain);
       if (prof->get_subcommands().empty()) return;
     } else if (prof->get_subcommands().empty()) {
       std::cerr << "molora prof: a subcommand is required (summary, steps, grids, diff, ranks)\n"

@@ -139,7 +139,6 @@ std::string diff_json(const Summary& a, const Summary& b, int top_n) {
 }
 
 std::string diff_csv(const Summary& a, const Summary& b, int top_n) {
-  auto rows = diff_rows(a, b, true);
   std::vector<std::vector<std::string>> out;
   out.push_back({"section", "name", "category", "a_count", "b_count", "a_us", "b_us", "delta_us"});
   for (int i = 0; i < kNumCategories; ++i)
@@ -148,6 +147,13 @@ std::string diff_csv(const Summary& a, const Summary& b, int top_n) {
                    std::to_string(b.categories[i].count), fmt(a.categories[i].time_us, 3),
                    fmt(b.categories[i].time_us, 3),
                    fmt(b.categories[i].time_us - a.categories[i].time_us, 3)});
+  const std::pair<const char*, std::pair<double, double>> totals[] = {
+      {"kernel total", {a.kernel_us, b.kernel_us}},
+      {"busy", {a.busy_us, b.busy_us}},
+      {"wall", {a.wall_us, b.wall_us}}};
+  for (auto& [name, v] : totals)
+    out.push_back({"total", name, "", "", "", fmt(v.first, 3), fmt(v.second, 3),
+                   fmt(v.second - v.first, 3)});
   for (auto& d : kernel_deltas(a, b, top_n))
     out.push_back({"kernel", d.name, category_name(d.cat), std::to_string(d.ca),
                    std::to_string(d.cb), fmt(d.a, 3), fmt(d.b, 3), fmt(d.b - d.a, 3)});

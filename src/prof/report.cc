@@ -98,7 +98,7 @@ std::string summary_text(const Summary& s, int top_n) {
   Table k({"kernel", "category", "count", "total_us", "mean_us", "share", "grid/block"});
   k.left(1);
   k.left(6);
-  for (size_t i = 0; i < s.top.size() && static_cast<int>(i) < top_n; ++i) {
+  for (size_t i = 0; i < s.top.size() && (top_n < 0 || static_cast<int>(i) < top_n); ++i) {
     const auto& x = s.top[i];
     std::string cfg = x.configs.empty() ? "" : x.configs[0];
     if (x.num_configs > 1) cfg += " (+" + std::to_string(x.num_configs - 1) + ")";
