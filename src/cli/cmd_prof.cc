@@ -158,7 +158,8 @@ molora::cli::Registrar reg(10, [](CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Opts>();
   prof->add_option("--explain", o->explain,
                    "Print which classification rule a kernel name matches");
-  prof->add_option("--rules", o->rules, "Rules file (for --explain and the subcommand)")->check(CLI::ExistingFile);
+  prof->add_option("--rules", o->rules, "Rules file (for --explain and the subcommand)")
+      ->check(CLI::ExistingFile);
   prof->require_subcommand(0, 1);
 
   auto* sum = prof->add_subcommand("summary", "Kernel time, busy, wall; categories; top kernels");

@@ -152,8 +152,8 @@ std::string diff_csv(const Summary& a, const Summary& b, int top_n) {
       {"busy", {a.busy_us, b.busy_us}},
       {"wall", {a.wall_us, b.wall_us}}};
   for (auto& [name, v] : totals)
-    out.push_back({"total", name, "", "", "", fmt(v.first, 3), fmt(v.second, 3),
-                   fmt(v.second - v.first, 3)});
+    out.push_back(
+        {"total", name, "", "", "", fmt(v.first, 3), fmt(v.second, 3), fmt(v.second - v.first, 3)});
   for (auto& d : kernel_deltas(a, b, top_n))
     out.push_back({"kernel", d.name, category_name(d.cat), std::to_string(d.ca),
                    std::to_string(d.cb), fmt(d.a, 3), fmt(d.b, 3), fmt(d.b - d.a, 3)});
