@@ -6,6 +6,7 @@
 #include <random>
 
 #include "molora/prof.h"
+#include "molora/settings.h"
 #include "prof_tracegen.h"
 
 namespace mp = molora::prof;
@@ -98,6 +99,44 @@ TEST(ProfReader, GzipSingleAndMultiMember) {
   mp::Trace t2;
   ASSERT_TRUE(read(multi, &t2, 3000, 3).ok());
   expect_same(digest(t2), digest(ref));
+}
+
+// Both gzip inflaters (ISA-L igzip when built with it, zlib) give the same verdict and trace:
+// one member, several members with zero padding between, truncated, corrupted, bad CRC.
+TEST(ProfReader, GzipInflatersAgree) {
+  tg::Options o;
+  o.steps = 3;
+  std::string json;
+  tg::generate(o, &json);
+  std::string one = gzip(json);
+  std::string multi = gzip(json.substr(0, json.size() / 2), 1) + std::string(7, '\0') +
+                      gzip(json.substr(json.size() / 2), 9);
+  std::string crc = one;
+  crc[crc.size() - 6] ^= 0x01;  // the trailer's CRC32
+  std::string corrupt = one;
+  for (size_t i = corrupt.size() / 3; i < corrupt.size() / 3 + 8; ++i) corrupt[i] ^= 0x5a;
+  const std::string cases[] = {one, multi, one.substr(0, one.size() / 2), crc, corrupt};
+  for (size_t c = 0; c < std::size(cases); ++c) {
+    std::string verdict[2];
+    Digest d[2]{};
+    for (int z = 0; z < 2; ++z) {
+      molora::set_setting("MOLORA_PROF_GZIP", z ? "zlib" : "isal");
+      mp::Trace t;
+      molora::Status s = read(cases[c], &t, 4096, 2);
+      verdict[z] = std::to_string(static_cast<int>(s.code())) + (t.truncated ? "+trunc" : "");
+      if (s.ok()) d[z] = digest(t);
+    }
+    molora::set_setting("MOLORA_PROF_GZIP", std::nullopt);
+    SCOPED_TRACE("case " + std::to_string(c));
+    EXPECT_EQ(verdict[0], verdict[1]);
+    expect_same(d[0], d[1]);
+    if (c < 2) {
+      EXPECT_EQ(verdict[0], "0") << "case " << c;  // good input
+    }
+    if (c >= 3) {
+      EXPECT_NE(verdict[0], "0") << "case " << c;  // never a clean result
+    }
+  }
 }
 
 TEST(ProfReader, FileAndTopLevelArray) {

@@ -33,6 +33,8 @@ const std::vector<SettingInfo>& registered_settings() {
       {"MOLORA_LORA_CONFIG", "",
        "path of a tuned LoRA config JSON (default: the file for this GPU)"},
       {"MOLORA_PROF_THREADS", "", "parser threads for molora prof (default: hardware threads)"},
+      {"MOLORA_PROF_GZIP", "isal",
+       "molora prof's gzip inflater: isal (ISA-L igzip, when built with it) or zlib"},
   };
   return kSettings;
 }

@@ -3,6 +3,11 @@
 
 #include <zlib.h>
 
+#include "molora/settings.h"
+#ifdef MOLORA_PROF_ISAL
+#include <isa-l/igzip_lib.h>
+#endif
+
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -169,9 +174,120 @@ class GzInput : public Input {
   bool member_end_ = false, done_ = false;
 };
 
+#ifdef MOLORA_PROF_ISAL
+// The same contract through ISA-L's igzip (gzip header and trailer with CRC checked, members
+// back to back, zero padding between them skipped). Used for gzip-magic input; zlib input
+// (0x78 ..) has no such magic and never gets here.
+class IsalGzInput : public Input {
+ public:
+  IsalGzInput(std::unique_ptr<Bytes> b, const unsigned char* head, size_t head_len)
+      : b_(std::move(b)), head_(head, head + head_len) {
+    reset();
+    s_.next_in = head_.data();
+    s_.avail_in = static_cast<uint32_t>(head_.size());
+  }
+  Status read(char* dst, size_t cap, size_t* got) override {
+    *got = 0;
+    if (done_) return Status::Ok();
+    s_.next_out = reinterpret_cast<uint8_t*>(dst);
+    s_.avail_out = static_cast<uint32_t>(std::min<size_t>(cap, 1u << 30));
+    while (s_.avail_out > 0) {
+      if (s_.avail_in == 0 && !eof_in_) {
+        const unsigned char* p = nullptr;
+        size_t n = 0;
+        MOLORA_RETURN_IF_ERROR(b_->next(&p, &n));
+        if (n == 0) {
+          eof_in_ = true;
+        } else {
+          s_.next_in = const_cast<uint8_t*>(p);
+          s_.avail_in = static_cast<uint32_t>(n);
+        }
+      }
+      if (member_end_) {  // another gzip member follows? (skip trailing zero padding)
+        while (s_.avail_in > 0 && *s_.next_in == 0) {
+          ++s_.next_in;
+          --s_.avail_in;
+        }
+        if (s_.avail_in == 0) {
+          if (eof_in_) {
+            done_ = true;
+            break;
+          }
+          continue;
+        }
+        uint8_t* out = s_.next_out;
+        uint32_t room = s_.avail_out;
+        uint8_t* in = s_.next_in;
+        uint32_t avail = s_.avail_in;
+        reset();
+        s_.next_out = out, s_.avail_out = room, s_.next_in = in, s_.avail_in = avail;
+        member_end_ = false;
+      }
+      // igzip takes input into its own buffer ahead of the output it can give: with no new
+      // input it is called again until it gives nothing more (then, at the end of the input
+      // and before the member's trailer, the stream is truncated).
+      const uint32_t room_before = s_.avail_out;
+      int rc = isal_inflate(&s_);
+      if (rc < 0 || rc == ISAL_NAME_OVERFLOW || rc == ISAL_COMMENT_OVERFLOW ||
+          rc == ISAL_EXTRA_OVERFLOW || rc == ISAL_NEED_DICT)
+        return Status::ParseError(std::string("gzip data error near compressed byte ") +
+                                  std::to_string(b_->consumed - s_.avail_in) + ": " +
+                                  isal_error(rc));
+      if (s_.block_state == ISAL_BLOCK_FINISH) {
+        member_end_ = true;
+      } else if (eof_in_ && s_.avail_in == 0 && s_.avail_out == room_before) {
+        truncated = true;
+        warning = "gzip stream ends before its trailer (file truncated)";
+        done_ = true;
+        break;
+      }
+    }
+    *got = static_cast<size_t>(reinterpret_cast<char*>(s_.next_out) - dst);
+    return Status::Ok();
+  }
+  uint64_t consumed() const override { return b_->consumed - s_.avail_in; }
+  uint64_t total() const override { return b_->total(); }
+
+ private:
+  void reset() {
+    isal_inflate_init(&s_);
+    s_.crc_flag = ISAL_GZIP;  // parse the gzip header and trailer, check the CRC
+  }
+  static const char* isal_error(int rc) {
+    switch (rc) {
+      case ISAL_INVALID_BLOCK:
+        return "invalid deflate block";
+      case ISAL_INVALID_SYMBOL:
+        return "invalid deflate symbol";
+      case ISAL_INVALID_LOOKBACK:
+        return "invalid distance";
+      case ISAL_INVALID_WRAPPER:
+        return "invalid gzip header";
+      case ISAL_UNSUPPORTED_METHOD:
+        return "unsupported compression method";
+      case ISAL_INCORRECT_CHECKSUM:
+        return "incorrect checksum";
+      case ISAL_NEED_DICT:
+        return "needs a preset dictionary";
+      default:
+        return "inflate failed";
+    }
+  }
+  std::unique_ptr<Bytes> b_;
+  std::vector<unsigned char> head_;
+  inflate_state s_;
+  bool member_end_ = false, done_ = false, eof_in_ = false;
+};
+#endif
+
 std::unique_ptr<Input> wrap(std::unique_ptr<Bytes> b, const unsigned char* head, size_t n) {
-  if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b)
+  if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b) {
+#ifdef MOLORA_PROF_ISAL
+    if (get_setting("MOLORA_PROF_GZIP") != "zlib")  // zlib stays reachable (tests, comparison)
+      return std::make_unique<IsalGzInput>(std::move(b), head, n);
+#endif
     return std::make_unique<GzInput>(std::move(b), head, n);
+  }
   return std::make_unique<RawInput>(std::move(b), head, n);
 }
 

@@ -12,20 +12,25 @@ bin=$OUT/prof_reader_fuzz
 srcs=(fuzz/prof_reader_fuzz.cc src/prof/input.cc src/prof/names.cc src/prof/parse_piece.cc
       src/prof/reader.cc src/core/status.cc src/core/settings.cc)
 extra=()
+libs=(-lsimdjson -lz -lpthread)
+if [ -f /usr/include/isa-l/igzip_lib.h ]; then  # the reader's gzip path, as the library builds it
+  extra+=(-DMOLORA_PROF_ISAL=1)
+  libs+=(-lisal)
+fi
 case "$(uname -m)" in
-  x86_64) extra=(-DMOLORA_PROF_AVX2=1) ;;
+  x86_64) extra+=(-DMOLORA_PROF_AVX2=1) ;;
 esac
 if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" src/prof/*.h src/prof/parse_piece_avx2.cc include/molora/prof.h -newer "$bin")" ]; then
   echo "prof_fuzz: building $bin with $CXX"
   objs=()
-  if [ ${#extra[@]} -gt 0 ]; then
+  if [[ " ${extra[*]} " == *" -DMOLORA_PROF_AVX2=1 "* ]]; then
     "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
       -mavx2 -mbmi -mbmi2 -mpclmul -mpopcnt -mlzcnt -Iinclude -Isrc -Isrc/prof \
       -c src/prof/parse_piece_avx2.cc -o "$OUT/parse_piece_avx2.o"
     objs=("$OUT/parse_piece_avx2.o")
   fi
   "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    "${extra[@]}" -Iinclude -Isrc -Isrc/prof "${srcs[@]}" "${objs[@]}" -lsimdjson -lz -lpthread -o "$bin"
+    "${extra[@]}" -Iinclude -Isrc -Isrc/prof "${srcs[@]}" "${objs[@]}" "${libs[@]}" -o "$bin"
 fi
 # Seeds: small Kineto-like traces (pretty, compact, top-level array, truncated, escaped names)
 # and the committed fixtures.
@@ -56,6 +61,8 @@ for k, v in docs.items():
     open(os.path.join(d, k), "wb").write(b"\x05" + b)
     open(os.path.join(d, k + "_big"), "wb").write(b"\x40" + b)
 open(os.path.join(d, "gzip"), "wb").write(b"\x03" + gzip.compress(docs["pretty"].encode()))
+open(os.path.join(d, "gzip_zlib"), "wb").write(b"\x83" + gzip.compress(docs["pretty"].encode()))
+open(os.path.join(d, "gzip_cut"), "wb").write(b"\x83" + gzip.compress(docs["pretty"].encode())[:300])
 PY
 for f in tests/data/prof_*.json; do
   [ -f "$f" ] && { printf '\x09'; head -c 65536 "$f"; } > "$OUT/corpus/fixture_$(basename "$f")"
