@@ -275,7 +275,7 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   pb.num_tokens = 256;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.tile, 16);  // two rows of K per warp
-  pb.num_tokens = 32;  // P = 256 pairs, the demo's small K: the full tile (measured faster)
+  pb.num_tokens = 32;      // P = 256 pairs, the demo's small K: the full tile (measured faster)
   pb.r_max = 16;
   pb.K = 512;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
