@@ -110,150 +110,83 @@ class RawInput : public Input {
   size_t plen_ = 0;
 };
 
-class GzInput : public Input {
+// gzip input (members back to back, zero padding between them skipped) over an inflater
+// engine: zlib, or ISA-L's igzip when built with it. The engine holds the input/output windows
+// and offers reset() (a new member, windows kept) and step() (one inflate call).
+enum class Step { kOk, kMemberEnd, kError };
+
+class ZlibEngine {
  public:
-  GzInput(std::unique_ptr<Bytes> b, const unsigned char* head, size_t head_len)
-      : b_(std::move(b)), head_(head, head + head_len) {
-    std::memset(&z_, 0, sizeof(z_));
-    inflateInit2(&z_, 15 + 32);  // gzip or zlib header, detected
-    z_.next_in = head_.data();
-    z_.avail_in = static_cast<uInt>(head_.size());
+  ZlibEngine() { inflateInit2(&z_, 15 + 32); }  // gzip or zlib header, detected
+  ~ZlibEngine() { inflateEnd(&z_); }
+  ZlibEngine(const ZlibEngine&) = delete;
+  ZlibEngine& operator=(const ZlibEngine&) = delete;
+  void set_in(const unsigned char* p, size_t n) {
+    z_.next_in = const_cast<Bytef*>(p);
+    z_.avail_in = static_cast<uInt>(n);
   }
-  ~GzInput() override { inflateEnd(&z_); }
-  Status read(char* dst, size_t cap, size_t* got) override {
-    *got = 0;
-    if (done_) return Status::Ok();
-    z_.next_out = reinterpret_cast<Bytef*>(dst);
-    z_.avail_out = static_cast<uInt>(std::min<size_t>(cap, 1u << 30));
-    while (z_.avail_out > 0) {
-      if (z_.avail_in == 0) {
-        const unsigned char* p = nullptr;
-        size_t n = 0;
-        MOLORA_RETURN_IF_ERROR(b_->next(&p, &n));
-        if (n == 0) {
-          if (!member_end_) {
-            truncated = true;
-            warning = "gzip stream ends before its trailer (file truncated)";
-          }
-          done_ = true;
-          break;
-        }
-        z_.next_in = const_cast<Bytef*>(p);
-        z_.avail_in = static_cast<uInt>(n);
-      }
-      if (member_end_) {  // another gzip member follows? (skip trailing zero padding)
-        while (z_.avail_in > 0 && *z_.next_in == 0) {
-          ++z_.next_in;
-          --z_.avail_in;
-        }
-        if (z_.avail_in == 0) continue;
-        inflateReset(&z_);
-        member_end_ = false;
-      }
-      int rc = inflate(&z_, Z_NO_FLUSH);
-      if (rc == Z_STREAM_END) {
-        member_end_ = true;
-      } else if (rc == Z_BUF_ERROR) {
-        continue;  // needs more input
-      } else if (rc != Z_OK) {
-        return Status::ParseError(std::string("gzip data error near compressed byte ") +
-                                  std::to_string(b_->consumed - z_.avail_in) + ": " +
-                                  (z_.msg ? z_.msg : "inflate failed"));
-      }
-    }
-    *got = static_cast<size_t>(reinterpret_cast<char*>(z_.next_out) - dst);
-    return Status::Ok();
+  void set_out(char* p, size_t n) {
+    z_.next_out = reinterpret_cast<Bytef*>(p);
+    z_.avail_out = static_cast<uInt>(n);
   }
-  uint64_t consumed() const override { return b_->consumed - z_.avail_in; }
-  uint64_t total() const override { return b_->total(); }
+  const unsigned char* next_in() const { return z_.next_in; }
+  size_t avail_in() const { return z_.avail_in; }
+  char* next_out() const { return reinterpret_cast<char*>(z_.next_out); }
+  size_t avail_out() const { return z_.avail_out; }
+  void reset() { inflateReset(&z_); }
+  Step step(std::string* err) {
+    int rc = inflate(&z_, Z_NO_FLUSH);
+    if (rc == Z_STREAM_END) return Step::kMemberEnd;
+    if (rc == Z_OK || rc == Z_BUF_ERROR) return Step::kOk;  // Z_BUF_ERROR: no progress possible
+    *err = z_.msg ? z_.msg : "inflate failed";
+    return Step::kError;
+  }
 
  private:
-  std::unique_ptr<Bytes> b_;
-  std::vector<unsigned char> head_;
-  z_stream z_;
-  bool member_end_ = false, done_ = false;
+  z_stream z_{};
 };
 
 #ifdef MOLORA_PROF_ISAL
-// The same contract through ISA-L's igzip (gzip header and trailer with CRC checked, members
-// back to back, zero padding between them skipped). Used for gzip-magic input; zlib input
-// (0x78 ..) has no such magic and never gets here.
-class IsalGzInput : public Input {
+// igzip: gzip header and trailer with CRC checked.
+class IsalEngine {
  public:
-  IsalGzInput(std::unique_ptr<Bytes> b, const unsigned char* head, size_t head_len)
-      : b_(std::move(b)), head_(head, head + head_len) {
-    reset();
-    s_.next_in = head_.data();
-    s_.avail_in = static_cast<uint32_t>(head_.size());
+  IsalEngine() { init(); }
+  void set_in(const unsigned char* p, size_t n) {
+    s_.next_in = const_cast<uint8_t*>(p);
+    s_.avail_in = static_cast<uint32_t>(n);
   }
-  Status read(char* dst, size_t cap, size_t* got) override {
-    *got = 0;
-    if (done_) return Status::Ok();
-    s_.next_out = reinterpret_cast<uint8_t*>(dst);
-    s_.avail_out = static_cast<uint32_t>(std::min<size_t>(cap, 1u << 30));
-    while (s_.avail_out > 0) {
-      if (s_.avail_in == 0 && !eof_in_) {
-        const unsigned char* p = nullptr;
-        size_t n = 0;
-        MOLORA_RETURN_IF_ERROR(b_->next(&p, &n));
-        if (n == 0) {
-          eof_in_ = true;
-        } else {
-          s_.next_in = const_cast<uint8_t*>(p);
-          s_.avail_in = static_cast<uint32_t>(n);
-        }
-      }
-      if (member_end_) {  // another gzip member follows? (skip trailing zero padding)
-        while (s_.avail_in > 0 && *s_.next_in == 0) {
-          ++s_.next_in;
-          --s_.avail_in;
-        }
-        if (s_.avail_in == 0) {
-          if (eof_in_) {
-            done_ = true;
-            break;
-          }
-          continue;
-        }
-        uint8_t* out = s_.next_out;
-        uint32_t room = s_.avail_out;
-        uint8_t* in = s_.next_in;
-        uint32_t avail = s_.avail_in;
-        reset();
-        s_.next_out = out, s_.avail_out = room, s_.next_in = in, s_.avail_in = avail;
-        member_end_ = false;
-      }
-      // igzip takes input into its own buffer ahead of the output it can give: with no new
-      // input it is called again until it gives nothing more (then, at the end of the input
-      // and before the member's trailer, the stream is truncated).
-      const uint32_t room_before = s_.avail_out;
-      int rc = isal_inflate(&s_);
-      if (rc < 0 || rc == ISAL_NAME_OVERFLOW || rc == ISAL_COMMENT_OVERFLOW ||
-          rc == ISAL_EXTRA_OVERFLOW || rc == ISAL_NEED_DICT)
-        return Status::ParseError(std::string("gzip data error near compressed byte ") +
-                                  std::to_string(b_->consumed - s_.avail_in) + ": " +
-                                  isal_error(rc));
-      if (s_.block_state == ISAL_BLOCK_FINISH) {
-        member_end_ = true;
-      } else if (eof_in_ && s_.avail_in == 0 && s_.avail_out == room_before) {
-        truncated = true;
-        warning = "gzip stream ends before its trailer (file truncated)";
-        done_ = true;
-        break;
-      }
+  void set_out(char* p, size_t n) {
+    s_.next_out = reinterpret_cast<uint8_t*>(p);
+    s_.avail_out = static_cast<uint32_t>(n);
+  }
+  const unsigned char* next_in() const { return s_.next_in; }
+  size_t avail_in() const { return s_.avail_in; }
+  char* next_out() const { return reinterpret_cast<char*>(s_.next_out); }
+  size_t avail_out() const { return s_.avail_out; }
+  void reset() {  // isal_inflate_init clears the windows too
+    const unsigned char* in = next_in();
+    size_t n_in = avail_in(), n_out = avail_out();
+    char* out = next_out();
+    init();
+    set_in(in, n_in);
+    set_out(out, n_out);
+  }
+  Step step(std::string* err) {
+    int rc = isal_inflate(&s_);
+    if (rc < 0 || rc == ISAL_NAME_OVERFLOW || rc == ISAL_COMMENT_OVERFLOW ||
+        rc == ISAL_EXTRA_OVERFLOW || rc == ISAL_NEED_DICT) {
+      *err = message(rc);
+      return Step::kError;
     }
-    *got = static_cast<size_t>(reinterpret_cast<char*>(s_.next_out) - dst);
-    return Status::Ok();
+    return s_.block_state == ISAL_BLOCK_FINISH ? Step::kMemberEnd : Step::kOk;
   }
-  uint64_t consumed() const override { return b_->consumed - s_.avail_in; }
-  uint64_t total() const override { return b_->total(); }
 
  private:
-  void reset() {
+  void init() {
     isal_inflate_init(&s_);
     s_.crc_flag = ISAL_GZIP;  // parse the gzip header and trailer, check the CRC
   }
-  static const char* isal_error(int rc) {
+  static const char* message(int rc) {
     switch (rc) {
       case ISAL_INVALID_BLOCK:
         return "invalid deflate block";
@@ -273,20 +206,82 @@ class IsalGzInput : public Input {
         return "inflate failed";
     }
   }
-  std::unique_ptr<Bytes> b_;
-  std::vector<unsigned char> head_;
   inflate_state s_;
-  bool member_end_ = false, done_ = false, eof_in_ = false;
 };
 #endif
+
+template <class Engine>
+class GzInput : public Input {
+ public:
+  GzInput(std::unique_ptr<Bytes> b, const unsigned char* head, size_t head_len)
+      : b_(std::move(b)), head_(head, head + head_len) {
+    e_.set_in(head_.data(), head_.size());
+  }
+  Status read(char* dst, size_t cap, size_t* got) override {
+    *got = 0;
+    if (done_) return Status::Ok();
+    e_.set_out(dst, std::min<size_t>(cap, 1u << 30));
+    while (e_.avail_out() > 0) {
+      if (e_.avail_in() == 0 && !eof_in_) {
+        const unsigned char* p = nullptr;
+        size_t n = 0;
+        MOLORA_RETURN_IF_ERROR(b_->next(&p, &n));
+        if (n == 0)
+          eof_in_ = true;
+        else
+          e_.set_in(p, n);
+      }
+      if (member_end_) {  // another gzip member follows? (skip trailing zero padding)
+        const unsigned char* p = e_.next_in();
+        size_t n = e_.avail_in();
+        while (n > 0 && *p == 0) ++p, --n;
+        e_.set_in(p, n);
+        if (n == 0) {
+          if (!eof_in_) continue;
+          done_ = true;
+          break;
+        }
+        e_.reset();
+        member_end_ = false;
+      }
+      // An inflater may hold input (or output) back: with no new input it is called again
+      // until it gives nothing more; then, at the end of the input and before the member's
+      // trailer, the stream is truncated.
+      const size_t room_before = e_.avail_out();
+      std::string err;
+      Step st = e_.step(&err);
+      if (st == Step::kError)
+        return Status::ParseError("gzip data error near compressed byte " +
+                                  std::to_string(b_->consumed - e_.avail_in()) + ": " + err);
+      if (st == Step::kMemberEnd) {
+        member_end_ = true;
+      } else if (eof_in_ && e_.avail_in() == 0 && e_.avail_out() == room_before) {
+        truncated = true;
+        warning = "gzip stream ends before its trailer (file truncated)";
+        done_ = true;
+        break;
+      }
+    }
+    *got = static_cast<size_t>(e_.next_out() - dst);
+    return Status::Ok();
+  }
+  uint64_t consumed() const override { return b_->consumed - e_.avail_in(); }
+  uint64_t total() const override { return b_->total(); }
+
+ private:
+  std::unique_ptr<Bytes> b_;
+  std::vector<unsigned char> head_;
+  Engine e_;
+  bool member_end_ = false, done_ = false, eof_in_ = false;
+};
 
 std::unique_ptr<Input> wrap(std::unique_ptr<Bytes> b, const unsigned char* head, size_t n) {
   if (n >= 2 && head[0] == 0x1f && head[1] == 0x8b) {
 #ifdef MOLORA_PROF_ISAL
     if (get_setting("MOLORA_PROF_GZIP") != "zlib")  // zlib stays reachable (tests, comparison)
-      return std::make_unique<IsalGzInput>(std::move(b), head, n);
+      return std::make_unique<GzInput<IsalEngine>>(std::move(b), head, n);
 #endif
-    return std::make_unique<GzInput>(std::move(b), head, n);
+    return std::make_unique<GzInput<ZlibEngine>>(std::move(b), head, n);
   }
   return std::make_unique<RawInput>(std::move(b), head, n);
 }
