@@ -53,6 +53,9 @@ Run run(const std::vector<std::string>& argv) {
   return r;
 }
 
+// molora's run failed, or the baseline ran (seconds > 0) and failed.
+bool failed(const Run& p, const Run& py) { return p.rc != 0 || (py.seconds > 0 && py.rc != 0); }
+
 uint64_t file_size(const std::string& p) {
   struct stat st {};
   return stat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
@@ -137,19 +140,18 @@ int main(int argc, char** argv) {
           Run y = run({"python3", MOLORA_BENCH_BASELINE, path});
           if (r == 0 || y.rc != 0 || y.seconds < py.seconds) py = y;
         }
-        if (p.rc != 0 || (py.seconds > 0 && py.rc != 0)) break;
+        if (failed(p, py)) break;
       }
       double mbs = json_mb / p.seconds;
       char line[512];
-      std::snprintf(line, sizeof(line),
-                    "%-8s %-8s %10.1f %9.3f %9.0f %8.0fMB %9.2f %10.2f %7.0fMB %7.1fx%s",
-                    (std::to_string(mb) + "MB").c_str(), fmt, json_mb, p.seconds, mbs,
-                    p.rss_kb / 1e3, p.rss_kb * 1e3 / (json_mb * 1e6), py.seconds, py.rss_kb / 1e3,
-                    py.seconds > 0 ? py.seconds / p.seconds : 0.0,
-                    (p.rc != 0 || (py.seconds > 0 && py.rc != 0)) ? "  (nonzero exit!)" : "");
+      std::snprintf(
+          line, sizeof(line), "%-8s %-8s %10.1f %9.3f %9.0f %8.0fMB %9.2f %10.2f %7.0fMB %7.1fx%s",
+          (std::to_string(mb) + "MB").c_str(), fmt, json_mb, p.seconds, mbs, p.rss_kb / 1e3,
+          p.rss_kb * 1e3 / (json_mb * 1e6), py.seconds, py.rss_kb / 1e3,
+          py.seconds > 0 ? py.seconds / p.seconds : 0.0, failed(p, py) ? "  (nonzero exit!)" : "");
       std::printf("%s\n", line);
       std::fflush(stdout);
-      if (p.rc != 0 || (py.seconds > 0 && py.rc != 0)) {  // a failed run has no throughput
+      if (failed(p, py)) {  // a failed run has no throughput
         std::fprintf(stderr, "bench_prof: %s exited %d, python baseline %d on %s\n", cli.c_str(),
                      p.rc, py.rc, path.c_str());
         ++failures;

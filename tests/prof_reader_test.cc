@@ -60,6 +60,12 @@ molora::Status read(const std::string& s, mp::Trace* t, size_t piece = 32u << 20
   return mp::read_trace_buffer(s.data(), s.size(), ro, t);
 }
 
+// A read's verdict: the status code, "+trunc" when the result was flagged truncated (an
+// unterminated string or gzip member at the end: partial result, CLI exit 3).
+std::string verdict_of(const molora::Status& s, const mp::Trace& t) {
+  return std::to_string(static_cast<int>(s.code())) + (t.truncated ? "+trunc" : "");
+}
+
 TEST(ProfReader, PiecesAndThreadsGiveTheSameTrace) {
   for (bool pretty : {true, false}) {
     tg::Options o;
@@ -117,24 +123,24 @@ TEST(ProfReader, GzipInflatersAgree) {
   for (size_t i = corrupt.size() / 3; i < corrupt.size() / 3 + 8; ++i) corrupt[i] ^= 0x5a;
   const std::string cases[] = {one, multi, one.substr(0, one.size() / 2), crc, corrupt};
   for (size_t c = 0; c < std::size(cases); ++c) {
-    std::string verdict[2];
+    std::string verdicts[2];
     Digest d[2]{};
     for (int z = 0; z < 2; ++z) {
       molora::set_setting("MOLORA_PROF_GZIP", z ? "zlib" : "isal");
       mp::Trace t;
       molora::Status s = read(cases[c], &t, 4096, 2);
-      verdict[z] = std::to_string(static_cast<int>(s.code())) + (t.truncated ? "+trunc" : "");
+      verdicts[z] = verdict_of(s, t);
       if (s.ok()) d[z] = digest(t);
     }
     molora::set_setting("MOLORA_PROF_GZIP", std::nullopt);
     SCOPED_TRACE("case " + std::to_string(c));
-    EXPECT_EQ(verdict[0], verdict[1]);
+    EXPECT_EQ(verdicts[0], verdicts[1]);
     expect_same(d[0], d[1]);
     if (c < 2) {
-      EXPECT_EQ(verdict[0], "0") << "case " << c;  // good input
+      EXPECT_EQ(verdicts[0], "0") << "case " << c;  // good input
     }
     if (c >= 3) {
-      EXPECT_NE(verdict[0], "0") << "case " << c;  // never a clean result
+      EXPECT_NE(verdicts[0], "0") << "case " << c;  // never a clean result
     }
   }
 }
@@ -272,11 +278,6 @@ TEST(ProfReader, MalformedVerdictDoesNotDependOnPieces) {
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) fz.append(buf, n);
   std::fclose(f);
   cases.push_back(fz.substr(1));  // first byte: the fuzzer's option byte
-  // The verdict: the status code, and for a successful read whether it was truncated (an
-  // unterminated string at the end is a truncated file: partial result, CLI exit 3).
-  auto verdict = [](const molora::Status& s, const mp::Trace& t) {
-    return std::to_string(static_cast<int>(s.code())) + (s.ok() && t.truncated ? "+trunc" : "");
-  };
   for (const std::string& c : cases) {
     mp::Trace t0;
     molora::Status s0 = read(c, &t0, 4u << 20, 1);
@@ -285,7 +286,7 @@ TEST(ProfReader, MalformedVerdictDoesNotDependOnPieces) {
       for (int threads : {1, 2}) {
         mp::Trace t;
         molora::Status s = read(c, &t, piece, threads);
-        EXPECT_EQ(verdict(s, t), verdict(s0, t0))
+        EXPECT_EQ(verdict_of(s, t), verdict_of(s0, t0))
             << "piece " << piece << " threads " << threads << ": " << s.to_string() << " vs "
             << s0.to_string() << "\n"
             << c;

@@ -132,9 +132,11 @@ Status Rules::add_file(const std::string& path) {
     Category c;
     if (!parse_category(cat, &c))
       return Status::InvalidArgument(where + ": unknown category '" + cat + "'");
-    if (c == Category::kMemcpy || c == Category::kMemset)  // copy events, not kernels: a kernel
-      return Status::InvalidArgument(where + ": category '" + cat +  // there would vanish from
-                                     "' is for memcpy/memset events, not kernel rules");  // tables
+    // memcpy/memset are the copy events' rows, not kernel categories: a kernel sent there
+    // would vanish from the summary's category table.
+    if (c == Category::kMemcpy || c == Category::kMemset)
+      return Status::InvalidArgument(where + ": category '" + cat +
+                                     "' is for memcpy/memset events, not kernel rules");
     if (re.empty()) return Status::InvalidArgument(where + ": empty regex");
     got.push_back({c, {re, where}});
   }
