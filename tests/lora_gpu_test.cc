@@ -77,18 +77,26 @@ std::vector<uint16_t> run_cpu(const Data& d) {
   return out;
 }
 
-// Runs one case on the GPU (default plan, and each forced tile given) and checks it.
+// Runs one case on the GPU and checks it: the default plan (grid kernel), the stream kernel
+// where it applies (aligned, block <= 32), and the grid kernel at each forced tile given.
 void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0}) {
   SCOPED_TRACE(c.name());
   Data d = make_data(c, rng);
   std::vector<uint16_t> ref = run_cpu(d);
   DevData g(d);
-  for (int tile : tiles) {
-    SCOPED_TRACE("tile " + std::to_string(tile));
+  std::vector<std::pair<std::string, int>> runs = {{"", 0}};
+  const bool stream_ok = c.routing == RoutingKind::kAligned && c.block <= 32;
+  if (stream_ok) runs.push_back({"stream", 0});
+  for (int tile : tiles)
+    if (tile > 0) runs.push_back({"grid", tile});
+  for (auto& [kernel, tile] : runs) {
+    SCOPED_TRACE("kernel '" + kernel + "' tile " + std::to_string(tile));
     Plan pl;
     PlanOptions o;
     o.force_tile = tile;
+    o.kernel = kernel;
     ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, kernel.empty() ? "grid" : kernel);
     g.out.set(d.out);  // poisoned (shrink) / base output (expand)
     Status st = run_gpu(d, g, &pl, nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
@@ -142,6 +150,32 @@ TEST(LoraGpu, SeedLikeShapes) {
       Case c;
       c.op = op, c.routing = rk, c.T = 64, c.k = 8, c.S = 8, c.E = 160, c.r_max = 32;
       c.dim = op == Op::kShrink ? 2048 : 1536, c.block = 16;
+      check_case(c, rng);
+    }
+}
+
+// The stream kernel's edges (aligned routing): full 32-pair blocks (shrink past 4 members per
+// pass, expand past 8 staged t rows), more slots than its shared-memory rank cache, K and N
+// that end in a partial K-chunk / tile, the largest dim, r_max 8 and 128, mixed ranks (per-row
+// copies, masked tails) and the block sizes on both sides of the stream/grid switch.
+TEST(LoraGpu, StreamKernelEdges) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      Case c;
+      c.op = op, c.dt = dt, c.routing = RoutingKind::kAligned;
+      c.T = 40, c.k = 2, c.S = 1, c.E = 2, c.r_max = 32, c.dim = 1032, c.block = 32;
+      c.slots = SlotMode::kOne;
+      check_case(c, rng);  // blocks of 32 pairs of one expert
+      c.slots = SlotMode::kZipf;
+      c.T = 24, c.k = 4, c.S = 70, c.E = 4, c.r_max = 128, c.dim = 3080, c.block = 16;
+      check_case(c, rng);  // S > 64: ranks and scales read from global memory
+      c.T = 3, c.k = 2, c.S = 2, c.E = 4, c.r_max = 16, c.dim = 16384, c.block = 4;
+      check_case(c, rng);  // the largest dim
+      c.T = 17, c.k = 8, c.S = 5, c.E = 12, c.r_max = 8, c.dim = 520, c.block = 2;
+      check_case(c, rng);  // r_max 8
+      c.block = 33;        // just past the stream kernel's block limit: the grid kernel
       check_case(c, rng);
     }
 }

@@ -248,6 +248,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   pb.sorted_len = 512 + 1280 * 15;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "expand.aligned.bf16");
+  EXPECT_EQ(pl.kernel, "grid");  // the default; the stream kernel is opt-in
   EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
 
   pb.routing = RoutingKind::kPlain;
@@ -255,6 +256,90 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "expand.plain-pairs.bf16");
   EXPECT_EQ(pl.group_cap, 0);
+}
+
+// The stream kernel (asked for: aligned routing, blocks of <= 32 pairs): one CTA per SM, 16 KiB
+// pipeline stages; asking for it where it does not apply, or for knobs it does not have, is an
+// error; without asking, every routing takes the grid kernel.
+TEST(LoraPlan, StreamKernelChoice) {
+  Problem pb;
+  pb.op = Op::kExpand;
+  pb.num_tokens = 64;
+  pb.top_k = 8;
+  pb.num_slots = 8;
+  pb.num_experts = 160;
+  pb.r_max = 32;
+  pb.N = 6144;
+  pb.routing = RoutingKind::kAligned;
+  pb.block_size = 16;
+  pb.sorted_len = 512 + 1280 * 15;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  o.kernel = "stream";
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.variant, "expand.aligned-stream.bf16");
+  EXPECT_EQ(pl.tile, 256);  // 256 rows x 32 x 2 bytes = one 16 KiB stage
+  EXPECT_EQ(pl.stages, 9);
+  EXPECT_EQ(pl.unroll, 0);
+  EXPECT_EQ(pl.threads, 32 * 17);  // 16 consumer warps and the producer
+  EXPECT_EQ(pl.ctas_per_sm, 1);
+  EXPECT_EQ(pl.grid, 132);
+  EXPECT_EQ(pl.chunks, 6144 / 256);
+  EXPECT_LE(pl.smem_bytes, 227u * 1024);
+  EXPECT_GT(pl.smem_bytes, 9u * 16384);
+  EXPECT_NE(pl.to_string().find("stages=9"), std::string::npos) << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"kernel\":\"stream\""), std::string::npos);
+  for (int r : {8, 16, 64, 128}) {  // tile: one stage at r_max, at most 512 rows
+    pb.r_max = r;
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.tile, std::min(512, 16384 / (2 * r))) << r;
+  }
+  pb.r_max = 32;
+  o.force_tile = 64;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.tile, 64);
+  EXPECT_EQ(pl.source, "forced");
+  o.force_tile = 40;  // not a multiple of 32
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.force_tile = 512;  // 512 rows x 64 bytes > one stage
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.force_tile = 0;
+  o.force_unroll = 8;
+  Status st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("unroll"), std::string::npos) << st.message();
+  o.force_unroll = 0;
+
+  pb.op = Op::kShrink;
+  pb.K = 6144;
+  pb.N = 0;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "shrink.aligned-stream.bf16");
+  EXPECT_EQ(pl.tile, 8);
+  EXPECT_EQ(pl.chunks, 4);
+  EXPECT_EQ(pl.stages, 9);
+  o.force_tile = 16;
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.force_tile = 0;
+
+  pb.block_size = 33;  // past the stream kernel's block limit
+  pb.sorted_len = 512 + 1280 * 32;
+  st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("block_size"), std::string::npos) << st.message();
+  pb.routing = RoutingKind::kPlain;
+  pb.block_size = 0;
+  pb.sorted_len = 0;
+  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  o.kernel = "fast";
+  st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("grid or stream"), std::string::npos) << st.message();
 }
 
 TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {

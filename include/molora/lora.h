@@ -69,11 +69,13 @@ struct RoutingStats {
 
 // What the planner chose for a Problem; the kernels launch exactly this.
 struct Plan {
-  std::string variant;    // e.g. "expand.plain-grouped.bf16"
+  std::string variant;    // e.g. "expand.plain-grouped.bf16", "shrink.aligned-stream.f16"
+  std::string kernel;     // "grid" (every routing) or "stream" (aligned, block <= 32)
   std::string source;     // "heuristic" or "tuned:<config file>"
   int threads = 0;        // threads per CTA
   int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item
-  int unroll = 0;         // 16-byte weight loads in flight per thread (4 or 8)
+  int unroll = 0;         // grid: 16-byte weight loads in flight per thread (4 or 8)
+  int stages = 0;         // stream: shared-memory pipeline stages of 16 KiB (0 for grid)
   int chunks = 0;         // work items per group (cdiv(r_max, tile) or cdiv(N, tile))
   int64_t groups = 0;     // groups the kernel may find (P for plain, blocks for aligned)
   int64_t max_items = 0;  // groups * chunks
@@ -98,6 +100,10 @@ struct PlanOptions {
   // Forces a configuration (the tuner): tile > 0 and/or unroll (4 or 8) replace the choice.
   int force_tile = 0;
   int force_unroll = 0;
+  // Kernel: "" = MOLORA_LORA_KERNEL, else the planner's choice (stream for aligned routing with
+  // block size <= 32, grid otherwise); "grid" forces the grid kernel; "stream" asks for the
+  // stream kernel and is an error where it does not apply.
+  std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;
 };

@@ -93,10 +93,12 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               num_experts: int, r_max: int, K: int = 0, N: int = 0, routing: str = "plain",
               block_size: int = 0, sorted_len: int | None = None, stats: dict | None = None,
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
-              tile: int = 0, unroll: int = 0) -> dict:
-    """The plan the kernels would use for one call: ``variant``, ``source`` ("heuristic" or
-    "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows, expand: N rows per work item),
-    ``unroll`` (16-byte loads in flight per thread), ``chunks``, ``groups``, ``max_items``,
+              tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
+    """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" for
+    aligned routing with block_size <= 32, else "grid"; pass ``kernel`` to force one),
+    ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
+    expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
+    ``stages`` (stream: 16 KiB shared-memory pipeline stages), ``chunks``, ``groups``, ``max_items``,
     ``est_items``, ``grid``/``ctas`` (one CTA per possible item), ``ctas_per_sm`` (resident,
     0 without a GPU), ``threads``, ``smem_bytes``, ``bytes`` that
     must move (exact when ``stats`` gives active_pairs, active_tokens, distinct_pairs,
@@ -118,5 +120,5 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
                             int(s.get("active_tokens", -1)), int(s.get("distinct_pairs", -1)),
                             int(s.get("distinct_rank8", -1)), int(s.get("active_rank8", -1)),
                             float(bandwidth_gbps), int(sm_count), config_path, int(tile),
-                            int(unroll))
+                            int(unroll), str(kernel))
     return json.loads(doc)

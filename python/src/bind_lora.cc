@@ -105,7 +105,7 @@ Binder bind_lora([](nb::module_& m) {
          const std::string& routing, int block_size, int64_t sorted_len, int64_t active_pairs,
          int64_t active_tokens, int64_t distinct_pairs, int64_t distinct_rank8,
          int64_t active_rank8, double bandwidth_gbps, int sm_count, const std::string& config,
-         int force_tile, int force_unroll) {
+         int force_tile, int force_unroll, const std::string& kernel) {
         lora::Problem pb;
         pb.op = parse_op(op);
         pb.dtype = parse_dtype(dtype);
@@ -130,6 +130,7 @@ Binder bind_lora([](nb::module_& m) {
         o.config_path = config;
         o.force_tile = force_tile;
         o.force_unroll = force_unroll;
+        o.kernel = kernel;
         lora::Plan pl;
         throw_if_error(lora::plan(pb, &pl, o));
         return pl.to_json();
@@ -139,7 +140,7 @@ Binder bind_lora([](nb::module_& m) {
       nb::arg("routing"), nb::arg("block_size"), nb::arg("sorted_len"), nb::arg("active_pairs"),
       nb::arg("active_tokens"), nb::arg("distinct_pairs"), nb::arg("distinct_rank8"),
       nb::arg("active_rank8"), nb::arg("bandwidth_gbps"), nb::arg("sm_count"),
-      nb::arg("config_path"), nb::arg("force_tile"), nb::arg("force_unroll"),
+      nb::arg("config_path"), nb::arg("force_tile"), nb::arg("force_unroll"), nb::arg("kernel"),
       "Plan of one lora call as JSON (see molora.lora_plan).");
 
   m.def(

@@ -1,8 +1,10 @@
-// `molora bench lora [--tune] [--out FILE] [--quick]`: the lora benchmark table, or the tuner
+// `molora bench lora [--tune] [--out FILE] [--quick] [--shape S --op O --T 1,64 --routing R
+// --kernel K --none F]`: the lora benchmark table, one shape, or the tuner
 // that writes configs/lora/<gpu>.json (read by the planner; MOLORA_LORA_CONFIG overrides).
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "lora/lora_bench.h"
@@ -18,9 +20,55 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->add_flag("--tune", *tune, "Sweep tiles and CTAs/SM and write a tuned config JSON");
   lora->add_flag("--quick", *quick, "Fewer token counts (table only)");
   lora->add_option("--out", *out, "Config file to write (default: configs/lora/<gpu>.json)");
-  lora->callback([tune, quick, out, &exit_code] {
+  // One shape instead of the table: --shape with --op, --T (list), --routing, --kernel, --none.
+  auto shape = std::make_shared<std::string>();
+  auto op = std::make_shared<std::string>("expand");
+  auto routing = std::make_shared<std::string>("aligned");
+  auto kernel = std::make_shared<std::string>();
+  auto Ts = std::make_shared<std::vector<int>>(std::vector<int>{1, 8, 64, 256});
+  auto none = std::make_shared<double>(0.0);
+  lora->add_option("--shape", *shape, "Seed shape name, e.g. N6144_r32_V160x8 (one-shape mode)");
+  lora->add_option("--op", *op, "expand or shrink (one-shape mode)")
+      ->check(CLI::IsMember({"expand", "shrink"}));
+  lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
+      ->check(CLI::IsMember({"plain", "aligned"}));
+  lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
+      ->check(CLI::IsMember({"", "grid", "stream"}));
+  lora->add_option("--T", *Ts, "Token counts (one-shape mode)")->delimiter(',');
+  lora->add_option("--none", *none, "Share of tokens without adapter (one-shape mode)")
+      ->check(CLI::Range(0.0, 1.0));
+  lora->callback([=, &exit_code] {
     molora::Status st;
-    if (*tune) {
+    if (!shape->empty()) {
+      molora::lora::bench::Case c;
+      c.op = *op == "shrink" ? molora::lora::Op::kShrink : molora::lora::Op::kExpand;
+      c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
+                                      : molora::lora::RoutingKind::kAligned;
+      c.kernel = *kernel;
+      c.none_frac = *none;
+      bool found = false;
+      for (const auto& sh : molora::lora::bench::seed_shapes())
+        if (sh.name == *shape) c.shape = sh, found = true;
+      if (!found) {
+        std::cerr << "molora bench lora: unknown --shape " << *shape << " (seed shapes:";
+        for (const auto& sh : molora::lora::bench::seed_shapes()) std::cerr << " " << sh.name;
+        std::cerr << ")\n";
+        exit_code = 2;
+        return;
+      }
+      double copy = 0;
+      st = molora::lora::bench::measure_copy_gbps(&copy);
+      for (int T : *Ts) {
+        if (!st.ok()) break;
+        c.T = T;
+        molora::lora::bench::Result r;
+        st = molora::lora::bench::run_case(c, copy, &r);
+        if (st.ok())
+          std::cout << *op << " " << *shape << " T=" << T << " " << *routing << " "
+                    << r.plan.variant << " tile=" << r.plan.tile << ": " << r.us << " us, floor "
+                    << r.floor_us << " us, " << r.pct_copy << "% of copy " << copy << " GB/s\n";
+      }
+    } else if (*tune) {
       std::string path = *out;
       if (path.empty()) {
         path = molora::lora::default_config_path(molora::lora::bench::gpu_name());

@@ -32,6 +32,11 @@ const std::vector<SettingInfo>& registered_settings() {
        "1 = send every all-reduce to NCCL (counted as reason 'disabled')"},
       {"MOLORA_LORA_CONFIG", "",
        "path of a tuned LoRA config JSON (default: the file for this GPU)"},
+      {"MOLORA_LORA_KERNEL", "",
+       "LoRA kernel: empty = the planner's choice, grid or stream (aligned, block <= 32)"},
+      {"MOLORA_LORA_STREAM_PROBE", "0",
+       "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
+       "copies"},
       {"MOLORA_PROF_THREADS", "", "parser threads for molora prof (default: hardware threads)"},
       {"MOLORA_PROF_GZIP", "isal",
        "molora prof's gzip inflater: isal (ISA-L igzip, when built with it) or zlib"},

@@ -216,6 +216,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   po.force_tile = c.force_tile;
   po.force_unroll = c.force_unroll;
   po.config_path = c.config_path;
+  po.kernel = c.kernel;
   Plan pl;
   for (int i = 0; i < kRot; ++i) {
     HostRouting h = make_routing(c, rng);
@@ -301,24 +302,32 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   for (Op op : {Op::kExpand, Op::kShrink})
     for (const Shape& sh : seed_shapes()) {
       double min_pct[2] = {1e9, 1e9}, max_x[2] = {0, 0};
-      for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
+      // Plain, aligned (the planner's kernel: grid) and, for comparison in the same run,
+      // aligned on the opt-in stream kernel (all-adapter rows only).
+      for (int variant = 0; variant < 3; ++variant)
         for (int T : Ts)
           for (double none : {0.0, 0.5, 1.0}) {
+            const RoutingKind rk = variant == 0 ? RoutingKind::kPlain : RoutingKind::kAligned;
+            if (variant == 2 && none != 0.0) continue;
+            const char* label = variant == 0 ? "plain" : variant == 1 ? "aligned" : "al-strm";
             Case c;
             c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
+            if (variant == 2) c.kernel = "stream";
             Result r;
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
                           "%-7s %-18s %4d %4.0f%% %-8s %9.2f %9.2f %11lld %8.0f %5.1f%% %7.2f  %s "
-                          "tile=%d u=%d grid=%d %s",
-                          op_name(op), sh.name.c_str(), T, none * 100, routing_name(rk), r.us,
-                          r.floor_us, (long long)r.bytes, r.gbps, r.pct_copy, r.us / r.floor_us,
-                          r.plan.variant.c_str(), r.plan.tile, r.plan.unroll, r.plan.grid,
+                          "tile=%d %s=%d grid=%d %s",
+                          op_name(op), sh.name.c_str(), T, none * 100, label, r.us, r.floor_us,
+                          (long long)r.bytes, r.gbps, r.pct_copy, r.us / r.floor_us,
+                          r.plan.variant.c_str(), r.plan.tile, r.plan.stages > 0 ? "stages" : "u",
+                          r.plan.stages > 0 ? r.plan.stages : r.plan.unroll, r.plan.grid,
                           r.plan.source.c_str());
             rows.push_back(line);
             std::ostringstream key;
-            key << op_name(op) << sh.name << T << none << routing_name(rk);
+            key << op_name(op) << sh.name << T << none << label;
             t_at[key.str()] = r.us;
+            if (variant == 2) continue;
             int ri = rk == RoutingKind::kPlain ? 0 : 1;
             if (none == 0.0 && T >= 32) min_pct[ri] = std::min(min_pct[ri], r.pct_copy);
             if (none == 0.0 && T <= 8) max_x[ri] = std::max(max_x[ri], r.us / r.floor_us);
@@ -356,10 +365,12 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         std::ostringstream kp, ka;
         kp << op_name(op) << sh.name << 64 << 0.0 << "plain";
         ka << op_name(op) << sh.name << 64 << 0.0 << "aligned";
+        std::ostringstream kg;
+        kg << op_name(op) << sh.name << 64 << 0.0 << "al-strm";
         std::snprintf(line, sizeof line,
-                      "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (aligned "
-                      "excludes the align kernel)",
-                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()]);
+                      "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (grid "
+                      "kernel; stream kernel %.2f us; aligned excludes the align kernel)",
+                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()], t_at[kg.str()]);
         summary.push_back(line);
       }
     }
@@ -384,6 +395,7 @@ Status tune(const std::string& path, std::ostream& log) {
     for (const Shape& sh : seed_shapes())
       for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
         for (int T : {1, 8, 32, 64, 128, 256}) {
+          // The grid kernel (the planner's default): tile x unroll.
           std::vector<int> tiles = op == Op::kShrink
                                        ? std::vector<int>{1, 2, 4, 8, 16, 32}
                                        : std::vector<int>{64, 128, 256, 512, 1024, 2048, 4096};
@@ -391,6 +403,7 @@ Status tune(const std::string& path, std::ostream& log) {
           int bt = 0, bu = 0;
           Case c;
           c.op = op, c.shape = sh, c.T = T, c.routing = rk, c.config_path = "none";
+          c.kernel = "grid";
           Result r;
           MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
           heur = r.us;
@@ -410,6 +423,7 @@ Status tune(const std::string& path, std::ostream& log) {
           const bool keep = best < heur * 0.97;
           if (keep) {
             entries.push_back({{"op", op_name(op)},
+                               {"kernel", c.kernel},
                                {"dtype", "bf16"},
                                {"routing", routing_name(rk)},
                                {"dim", sh.dim},

@@ -68,6 +68,7 @@ struct KernelArgs {
   int64_t sorted_len = 0;
   int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
+  int dbg = 0;  // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
 };
 
 // How a CTA finds its group (see lora.cu).
@@ -89,5 +90,56 @@ int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem);
 constexpr int kThreads = 256;
 // Dynamic shared memory of a launch (the member list of one group).
 size_t smem_bytes(int mode, int64_t P, int block);
+
+// The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
+// Consumer warps (plus one producer warp): expand's arithmetic is latency-bound, so it takes
+// 16 (4 per scheduler); shrink's 16 x 4 accumulators need the registers of 8.
+constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 16 : 8; }
+constexpr int stream_threads(Op op) { return 32 * (stream_consumers(op) + 1); }
+constexpr int kStreamStageBytes = 16384;   // weight bytes of one pipeline stage
+constexpr int kStreamMaxBlock = 32;        // pairs per align block the kernel takes
+constexpr int kStreamShrinkRows = 8;       // shrink: rank rows per task (the plan's tile)
+constexpr int kStreamShrinkKc = 1024;      // shrink: K columns per stage
+constexpr int kStreamMaxRowsPerLane = 16;  // expand: tile <= 32 * this
+constexpr int kStreamSlots = 64;           // slots whose rank and scale live in shared memory
+constexpr int kStreamTBatch = 8;           // expand: members whose t is staged at once
+constexpr int kStreamYPre = 2;             // expand: members whose y is staged with the weights
+constexpr int kStreamXPre = 4;             // shrink: members per pass (x chunks staged)
+inline int stream_stages(Op op) { return op == Op::kExpand ? 9 : 9; }
+// Per-consumer-warp staging bytes: expand, t of kStreamTBatch members (r_max <= 128) and y of
+// kStreamYPre members over one tile; shrink, x of kStreamXPre members over one K-chunk.
+inline constexpr size_t stream_warp_bytes(Op op) {
+  return op == Op::kExpand ? 2 * (kStreamTBatch * 128 + kStreamYPre * 32 * kStreamMaxRowsPerLane)
+                           : 2 * kStreamXPre * kStreamShrinkKc;
+}
+// Expand rows per task: one stage of weights at r_max, at most 32 * kStreamMaxRowsPerLane.
+inline int stream_expand_tile(int r_max) {
+  const int rows = kStreamStageBytes / (2 * r_max) / 32;
+  return 32 * (rows < kStreamMaxRowsPerLane ? rows : kStreamMaxRowsPerLane);
+}
+// Shared-memory layout of one stream CTA (byte offsets; stages first).
+struct StreamLayout {
+  int stages;
+  size_t full, empty, issued, ids, tbuf, rank, scale, total;
+};
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline StreamLayout
+    stream_layout(Op op, int stages) {
+  StreamLayout l{};
+  l.stages = stages;
+  size_t o = static_cast<size_t>(stages) * kStreamStageBytes;
+  l.full = o, o += 8 * static_cast<size_t>(stages);
+  l.empty = o, o += 8 * static_cast<size_t>(stages);
+  l.issued = o, o += 16;
+  l.ids = o, o += 4 * static_cast<size_t>(stream_consumers(op)) * kStreamMaxBlock;
+  l.tbuf = o, o += stream_consumers(op) * stream_warp_bytes(op);
+  l.rank = o, o += 4 * kStreamSlots;
+  l.scale = o, o += 4 * kStreamSlots;
+  l.total = o;
+  return l;
+}
+Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 
 }  // namespace molora::lora::detail

@@ -61,7 +61,8 @@ struct Tuned {
 };
 
 // Parsed config files, keyed by path and modification time.
-bool lookup_tuned(const std::string& path, const Problem& pb, Tuned* out) {
+bool lookup_tuned(const std::string& path, const Problem& pb, const std::string& kernel,
+                  Tuned* out) {
   struct stat st {};
   if (path.empty() || stat(path.c_str(), &st) != 0) return false;
   static std::map<std::string, std::pair<long long, nlohmann::json>> files;
@@ -86,7 +87,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, Tuned* out) {
   for (const auto& e : doc["entries"]) {
     if (e.value("op", "") != op_name(pb.op) || e.value("dtype", "") != dtype_name(pb.dtype) ||
         e.value("routing", "") != routing_name(pb.routing) || e.value("dim", 0LL) != dim ||
-        e.value("r_max", 0) != pb.r_max)
+        e.value("r_max", 0) != pb.r_max || e.value("kernel", "grid") != kernel)
       continue;
     int64_t pm = e.value("p_max", 0LL);
     if (pm < P) continue;
@@ -137,14 +138,28 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   pl.bytes_exact = st != nullptr && st->distinct_rank8 >= 0 && st->active_pairs >= 0 &&
                    st->active_tokens >= 0 && st->active_rank8 >= 0;
 
-  pl.threads = detail::kThreads;
   const int mode = aligned                  ? detail::kModeAligned
                    : P <= detail::kGroupCap ? detail::kModeGrouped
                                             : detail::kModePairs;
+  // Kernel: the grid kernel unless the stream pipeline is asked for (aligned routing with
+  // blocks of <= 32 pairs). The stream kernel is correct but slower on the H200 so far (its
+  // consumers' arithmetic is latency-bound; bench/NOTES.md "lora v0.4"), so it is opt-in.
+  std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
+  const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
+  if (kernel.empty()) kernel = "grid";
+  if (kernel != "grid" && kernel != "stream")
+    return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
+  if (kernel == "stream" && !stream_ok)
+    return Status::InvalidArgument("the stream kernel needs aligned routing with block_size <= " +
+                                   std::to_string(detail::kStreamMaxBlock));
+  const bool stream = kernel == "stream";
+  pl.kernel = kernel;
+  pl.threads = stream ? detail::stream_threads(pb.op) : detail::kThreads;
   pl.group_cap = mode == detail::kModeGrouped ? detail::kGroupCap : 0;
   pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
-  const char* mode_name =
-      aligned ? "aligned" : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
+  const char* mode_name = stream    ? "aligned-stream"
+                          : aligned ? "aligned"
+                                    : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
   pl.variant = std::string(op_name(pb.op)) + "." + mode_name + "." + dtype_name(pb.dtype);
 
   // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
@@ -152,16 +167,19 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   int64_t est_groups = std::max<int64_t>(1, mode == detail::kModePairs ? P : std::min(P, V));
   if (pl.bytes_exact && st->distinct_pairs >= 0 && mode != detail::kModePairs)
     est_groups = std::max<int64_t>(1, st->distinct_pairs);
-  // Enough items for every SM to hold two CTAs (one wave in flight); each as large as allows.
-  // Enough items for every SM to hold a few CTAs; each item as large as that allows (the
-  // per-item cost is finding the group: a few dependent loads). unroll 4 (double-buffered:
-  // 8 vectors in flight per thread) keeps 3 CTAs/SM resident.
   int tile, unroll = 4;
-  if (pb.op == Op::kShrink) {
-    // Each of the 8 warps owns rows of K (tile >= 8); smaller tiles split a row over warps.
-    // With P >= 256 pairs the full 16-row tile wins over splitting rows to fill the SMs: the
-    // tuner (configs/lora/nvidia_h200.json) chose it for 9 of the 10 shrink shapes there, 5-40%
-    // faster than the split; smaller split items re-read their x rows per chunk.
+  if (stream) {
+    // One pipeline stage per task: expand, the N rows whose r_max-wide rows fill 16 KiB;
+    // shrink, 16 rank rows (the K-chunks of a task are its stages).
+    tile = pb.op == Op::kShrink ? detail::kStreamShrinkRows : detail::stream_expand_tile(pb.r_max);
+    unroll = 0;
+  } else if (pb.op == Op::kShrink) {
+    // Enough items for every SM to hold a few CTAs; each item as large as that allows (the
+    // per-item cost is finding the group: a few dependent loads). Each of the 8 warps owns rows
+    // of K (tile >= 8); smaller tiles split a row over warps. With P >= 256 pairs the full
+    // 16-row tile wins over splitting rows to fill the SMs: the tuner chose it for 9 of the 10
+    // shrink shapes in configs/lora/nvidia_h200.json, 5-40% faster than the split; smaller
+    // split items re-read their x rows per chunk.
     tile = std::min(16, pb.r_max);
     while (P < 256 && tile > 1 && est_groups * cdiv(pb.r_max, tile) < 8LL * sms) tile /= 2;
   } else {
@@ -177,9 +195,9 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
   if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
   Tuned tuned;
-  if (cfg != "none" && lookup_tuned(cfg, pb, &tuned)) {
+  if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
     tile = tuned.tile;
-    if (tuned.unroll > 0) unroll = tuned.unroll;
+    if (tuned.unroll > 0 && !stream) unroll = tuned.unroll;
     pl.source = "tuned:" + cfg;
   }
   if (opt.force_tile > 0) {
@@ -187,35 +205,56 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     pl.source = "forced";
   }
   if (opt.force_unroll > 0) {
+    if (stream) return Status::InvalidArgument("the stream kernel has no unroll to force");
     unroll = opt.force_unroll;
     pl.source = "forced";
   }
-  if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
-    return Status::InvalidArgument("shrink tile must be a power of two in [1, r_max], got " +
-                                   std::to_string(tile));
-  if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
-    return Status::InvalidArgument("expand tile must be a multiple of 8 in [8, 16384], got " +
-                                   std::to_string(tile));
-  if (unroll != 4 && unroll != 8)
-    return Status::InvalidArgument("unroll must be 4 or 8, got " + std::to_string(unroll));
+  if (stream) {
+    if (pb.op == Op::kShrink && tile != detail::kStreamShrinkRows)
+      return Status::InvalidArgument("stream shrink tile must be " +
+                                     std::to_string(detail::kStreamShrinkRows) + ", got " +
+                                     std::to_string(tile));
+    if (pb.op == Op::kExpand &&
+        (tile < 32 || tile % 32 != 0 || tile > detail::stream_expand_tile(pb.r_max)))
+      return Status::InvalidArgument("stream expand tile must be a multiple of 32 in [32, " +
+                                     std::to_string(detail::stream_expand_tile(pb.r_max)) +
+                                     "], got " + std::to_string(tile));
+  } else {
+    if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
+      return Status::InvalidArgument("shrink tile must be a power of two in [1, r_max], got " +
+                                     std::to_string(tile));
+    if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
+      return Status::InvalidArgument("expand tile must be a multiple of 8 in [8, 16384], got " +
+                                     std::to_string(tile));
+    if (unroll != 4 && unroll != 8)
+      return Status::InvalidArgument("unroll must be 4 or 8, got " + std::to_string(unroll));
+  }
   pl.tile = tile;
   pl.unroll = unroll;
+  pl.stages = stream ? detail::stream_stages(pb.op) : 0;
   pl.chunks = static_cast<int>(pb.op == Op::kShrink ? cdiv(pb.r_max, tile) : cdiv(dim, tile));
   pl.max_items = pl.groups * pl.chunks;
   pl.est_items = std::min(pl.max_items, est_groups * pl.chunks);
   if (pl.max_items > 0x7fffffffLL)
     return Status::OutOfRange("lora: " + std::to_string(pl.max_items) +
                               " work items exceed one grid; use a larger tile");
-  pl.smem_bytes = detail::smem_bytes(mode, P, aligned ? pb.block_size : 0);
+  if (stream) {
+    // One CTA per SM (the stages fill its shared memory), walking tasks grid-stride.
+    pl.smem_bytes = detail::stream_layout(pb.op, pl.stages).total;
+    pl.ctas_per_sm = 1;
+    pl.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, sms)));
+  } else {
+    pl.smem_bytes = detail::smem_bytes(mode, P, aligned ? pb.block_size : 0);
 #if MOLORA_HAVE_CUDA
-  if (dev.sm_count > 0 && pb.dtype != DType::kF32)
-    pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, unroll, pl.smem_bytes);
+    if (dev.sm_count > 0 && pb.dtype != DType::kF32)
+      pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, unroll, pl.smem_bytes);
 #endif
-  // A grid of the CTAs that are resident at once, each walking items grid-stride; items past
-  // the ones the device finds (aligned: num_tokens_post_pad) are never visited.
-  const int resident = pl.ctas_per_sm > 0 ? pl.ctas_per_sm : 2;
-  pl.grid =
-      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, 1LL * sms * resident)));
+    // A grid of the CTAs that are resident at once, each walking items grid-stride; items past
+    // the ones the device finds (aligned: num_tokens_post_pad) are never visited.
+    const int resident = pl.ctas_per_sm > 0 ? pl.ctas_per_sm : 2;
+    pl.grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(pl.max_items, 1LL * sms * resident)));
+  }
 
   // Bytes that must move: each distinct (slot, expert) weight once at its rank, plus activations.
   int64_t wrank = pl.bytes_exact ? st->distinct_rank8 : std::min(P, V) * pb.r_max;
@@ -252,8 +291,12 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
 
 std::string Plan::to_string() const {
   std::ostringstream o;
-  o << variant << " [" << source << "] tile=" << tile << " unroll=" << unroll
-    << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
+  o << variant << " [" << source << "] tile=" << tile;
+  if (stages > 0)
+    o << " stages=" << stages;
+  else
+    o << " unroll=" << unroll;
+  o << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
     << "x" << threads << " (" << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes"
     << (bytes_exact ? "=" : "<=") << bytes << " floor=" << floor_us << "us@" << bandwidth_gbps
     << "GB/s";
@@ -262,6 +305,8 @@ std::string Plan::to_string() const {
 
 std::string Plan::to_json() const {
   nlohmann::json j = {{"variant", variant},
+                      {"kernel", kernel},
+                      {"stages", stages},
                       {"source", source},
                       {"threads", threads},
                       {"tile", tile},

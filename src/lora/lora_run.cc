@@ -21,7 +21,8 @@ Status cached_plan(const Problem& pb, Plan* out) {
   key << static_cast<int>(pb.op) << ':' << static_cast<int>(pb.dtype) << ':' << pb.num_tokens << ':'
       << pb.top_k << ':' << pb.num_slots << ':' << pb.num_experts << ':' << pb.r_max << ':' << pb.K
       << ':' << pb.N << ':' << static_cast<int>(pb.routing) << ':' << pb.block_size << ':'
-      << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG");
+      << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG") << ':'
+      << get_setting("MOLORA_LORA_KERNEL");
   {
     std::lock_guard<std::mutex> lock(m);
     auto it = cache.find(key.str());
@@ -96,12 +97,22 @@ Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStr
   const int64_t groups = a.aligned ? cdiv(pb.sorted_len, pb.block_size) : a.P;
   const int64_t chunks =
       plan_in->tile > 0 ? cdiv(pb.op == Op::kShrink ? pb.r_max : a.dim, plan_in->tile) : 0;
-  if (plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
-      (a.mode == detail::kModeGrouped && a.P > detail::kGroupCap) || plan_in->grid < 1 ||
-      (plan_in->unroll != 4 && plan_in->unroll != 8))
+  const bool stream_plan = plan_in->kernel == "stream";
+  const bool shape_ok =
+      stream_plan
+          ? (a.aligned && pb.block_size <= detail::kStreamMaxBlock &&
+             plan_in->stages == detail::stream_stages(pb.op) &&
+             (pb.op == Op::kShrink ? plan_in->tile == detail::kStreamShrinkRows
+                                   : plan_in->tile % 32 == 0 &&
+                                         plan_in->tile <= detail::stream_expand_tile(pb.r_max)))
+          : (plan_in->kernel == "grid" && (plan_in->unroll == 4 || plan_in->unroll == 8) &&
+             !(a.mode == detail::kModeGrouped && a.P > detail::kGroupCap));
+  if (!shape_ok || plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
+      plan_in->grid < 1)
     return Status::InvalidArgument(
         "plan does not match the problem (plan: " + plan_in->to_string() + ")");
   if (a.P == 0 || plan_in->max_items == 0) return Status::Ok();
+  if (stream_plan) return detail::launch_stream(pb.op, pb.dtype, a, *plan_in, stream);
   return detail::launch(pb.op, pb.dtype, a, *plan_in, stream);
 }
 #endif

@@ -146,7 +146,15 @@ def test_plan_reports_grid_bytes_floor():
     assert p["floor_us"] > 0 and p["bytes"] > 512 * 32 * 6144 * 2 - 1
     a = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7168, routing="aligned", block_size=16, config_path="none")
-    assert a["variant"].startswith("shrink.aligned")
+    assert a["variant"] == "shrink.aligned.bf16" and a["kernel"] == "grid" and a["stages"] == 0
+    st = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
+                          r_max=32, K=7168, routing="aligned", block_size=16, config_path="none",
+                          kernel="stream")
+    assert st["variant"] == "shrink.aligned-stream.bf16"
+    assert st["kernel"] == "stream" and st["stages"] > 0 and st["tile"] == 8
+    with pytest.raises(ValueError, match="block_size"):
+        molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
+                         r_max=32, K=7168, routing="aligned", block_size=64, kernel="stream")
     with pytest.raises(ValueError, match="K"):
         molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7170)
