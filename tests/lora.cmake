@@ -3,3 +3,16 @@ molora_add_test(lora_test SOURCES lora_test.cc LIBS molora_lora)
 if(MOLORA_HAVE_CUDA)
   molora_add_test(lora_gpu_test SOURCES lora_gpu_test.cc LIBS molora_lora GPU)
 endif()
+# `molora bench lora` one-shape mode: an unknown seed shape or a bad option is a usage error (2),
+# checked before any GPU work.
+if(MOLORA_BUILD_CLI)
+  add_test(NAME lora_cli_bench_unknown_shape_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=bench;lora;--shape;N1_r1"
+            -DEXPECT=2 -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  add_test(NAME lora_cli_bench_bad_kernel_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
+            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--kernel;fast" -DEXPECT=2
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  set_tests_properties(lora_cli_bench_unknown_shape_exits_2 lora_cli_bench_bad_kernel_exits_2
+    PROPERTIES LABELS cpu)
+endif()
