@@ -207,7 +207,9 @@ TEST(LoraCpu, HalfAndBf16Conversions) {
   for (uint32_t h = 0; h < 0x7c00; h += 7) EXPECT_EQ(float_to_half(half_to_float(h)), h);
 }
 
-TEST(LoraPlan, HeuristicFieldsAreConsistent) {
+namespace {
+// The seed expand shape, plain routing: N=6144, r=32, 8 slots x 160 experts, T=64, k=8.
+Problem seed_expand_problem() {
   Problem pb;
   pb.op = Op::kExpand;
   pb.num_tokens = 64;
@@ -216,6 +218,12 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   pb.num_experts = 160;
   pb.r_max = 32;
   pb.N = 6144;
+  return pb;
+}
+}  // namespace
+
+TEST(LoraPlan, HeuristicFieldsAreConsistent) {
+  Problem pb = seed_expand_problem();
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
@@ -262,14 +270,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 // pipeline stages; asking for it where it does not apply, or for knobs it does not have, is an
 // error; without asking, every routing takes the grid kernel.
 TEST(LoraPlan, StreamKernelChoice) {
-  Problem pb;
-  pb.op = Op::kExpand;
-  pb.num_tokens = 64;
-  pb.top_k = 8;
-  pb.num_slots = 8;
-  pb.num_experts = 160;
-  pb.r_max = 32;
-  pb.N = 6144;
+  Problem pb = seed_expand_problem();
   pb.routing = RoutingKind::kAligned;
   pb.block_size = 16;
   pb.sorted_len = 512 + 1280 * 15;

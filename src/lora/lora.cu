@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "core/cuda_util.h"
+#include "lora/lora_device.cuh"
 #include "lora/lora_internal.h"
 
 namespace molora::lora::detail {
@@ -30,42 +31,6 @@ constexpr int kSlotCache = 64;
 // Members of a shrink group whose x vectors are loaded a step ahead with the weights (the
 // others are loaded at use).
 constexpr int kShrinkXPrefetch = 1;  // slots whose rank and scale a CTA keeps in shared memory
-
-template <typename T>
-struct Cvt;
-template <>
-struct Cvt<__nv_bfloat16> {
-  static __device__ __forceinline__ float2 two(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-  }
-  static __device__ __forceinline__ float one(__nv_bfloat16 h) { return __bfloat162float(h); }
-  static __device__ __forceinline__ __nv_bfloat16 from(float f) { return __float2bfloat16_rn(f); }
-};
-template <>
-struct Cvt<__half> {
-  static __device__ __forceinline__ float2 two(uint32_t u) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-  }
-  static __device__ __forceinline__ float one(__half h) { return __half2float(h); }
-  static __device__ __forceinline__ __half from(float f) { return __float2half_rn(f); }
-};
-
-template <typename T>
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  const float2 w0 = Cvt<T>::two(w.x), w1 = Cvt<T>::two(w.y), w2 = Cvt<T>::two(w.z),
-               w3 = Cvt<T>::two(w.w);
-  const float2 x0 = Cvt<T>::two(x.x), x1 = Cvt<T>::two(x.y), x2 = Cvt<T>::two(x.z),
-               x3 = Cvt<T>::two(x.w);
-  float s = w0.x * x0.x;
-  s = fmaf(w0.y, x0.y, s);
-  s = fmaf(w1.x, x1.x, s);
-  s = fmaf(w1.y, x1.y, s);
-  s = fmaf(w2.x, x2.x, s);
-  s = fmaf(w2.y, x2.y, s);
-  s = fmaf(w3.x, x3.x, s);
-  s = fmaf(w3.y, x3.y, s);
-  return s;
-}
 
 __device__ __forceinline__ int vid_of(const KernelArgs& a, int64_t q) {
   const int s = __ldg(a.rt.slot_ids + q / a.k);
@@ -267,17 +232,7 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, float scale, cons
   const T* Bw = static_cast<const T*>(a.w) + static_cast<int64_t>(v) * N * R;
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
-  const int tail = r - (nv - 1) * 8;  // valid elements of the last vector (1..8)
-  const uint4 keep = make_uint4(tail > 1 ? ~0u : 0xffffu,
-                                tail > 3   ? ~0u
-                                : tail > 2 ? 0xffffu
-                                           : 0u,
-                                tail > 5   ? ~0u
-                                : tail > 4 ? 0xffffu
-                                           : 0u,
-                                tail > 7   ? ~0u
-                                : tail > 6 ? 0xffffu
-                                           : 0u);
+  const uint4 keep = tail_mask(r);     // valid elements of the last vector (1..8)
   const int row_step = rows_pass * R;  // elements between the rows of u and u + 1
   const int64_t pass_rows = static_cast<int64_t>(rows_pass) * U;
   // This lane's member of the first round (members 0..lpr-1), whose y is prefetched.

@@ -26,6 +26,7 @@
 #include <mutex>
 
 #include "core/cuda_util.h"
+#include "lora/lora_device.cuh"
 #include "lora/lora_internal.h"
 #include "molora/settings.h"
 
@@ -37,25 +38,6 @@ constexpr int kTBatch = kStreamTBatch;
 constexpr int kYPre = kStreamYPre;
 constexpr int kYRows = 32 * kStreamMaxRowsPerLane;
 constexpr int kXPre = kStreamXPre;
-
-template <typename T>
-struct Cv;
-template <>
-struct Cv<__nv_bfloat16> {
-  static __device__ __forceinline__ float2 two(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-  }
-  static __device__ __forceinline__ float one(__nv_bfloat16 h) { return __bfloat162float(h); }
-  static __device__ __forceinline__ __nv_bfloat16 from(float f) { return __float2bfloat16_rn(f); }
-};
-template <>
-struct Cv<__half> {
-  static __device__ __forceinline__ float2 two(uint32_t u) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
-  }
-  static __device__ __forceinline__ float one(__half h) { return __half2float(h); }
-  static __device__ __forceinline__ __half from(float f) { return __float2half_rn(f); }
-};
 
 // --- mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90) -------------------------------
 __device__ __forceinline__ uint32_t sa(const void* p) {
@@ -129,28 +111,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
-}
-
-template <typename T>
-__device__ __forceinline__ void to8(const uint4& v, float (&f)[8]) {
-  const float2 a = Cv<T>::two(v.x), b = Cv<T>::two(v.y), c = Cv<T>::two(v.z), d = Cv<T>::two(v.w);
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
-}
-template <typename T>
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  const float2 w0 = Cv<T>::two(w.x), w1 = Cv<T>::two(w.y), w2 = Cv<T>::two(w.z),
-               w3 = Cv<T>::two(w.w);
-  const float2 x0 = Cv<T>::two(x.x), x1 = Cv<T>::two(x.y), x2 = Cv<T>::two(x.z),
-               x3 = Cv<T>::two(x.w);
-  float s = w0.x * x0.x;
-  s = fmaf(w0.y, x0.y, s);
-  s = fmaf(w1.x, x1.x, s);
-  s = fmaf(w1.y, x1.y, s);
-  s = fmaf(w2.x, x2.x, s);
-  s = fmaf(w2.y, x2.y, s);
-  s = fmaf(w3.x, x3.x, s);
-  s = fmaf(w3.y, x3.y, s);
-  return s;
 }
 
 struct Ctx {
@@ -289,15 +249,6 @@ __device__ __forceinline__ uint4 mask4(uint4 v, const uint4& keep) {
   v.x &= keep.x, v.y &= keep.y, v.z &= keep.z, v.w &= keep.w;
   return v;
 }
-// The 16-bit lanes of the last vector of a row that hold elements < r (r % 8 of them, or all).
-__device__ __forceinline__ uint4 tail_mask(int r) {
-  const int tail = r - ((r + 7) / 8 - 1) * 8;  // 1..8
-  auto word = [tail](int i) {                  // elements 2i, 2i+1
-    return tail > 2 * i + 1 ? ~0u : tail > 2 * i ? 0xffffu : 0u;
-  };
-  return make_uint4(word(0), word(1), word(2), word(3));
-}
-
 // --- expand consumer: y[p, n0 + row] += scale * B[v, n0 + row, :r] . t[p, :r] ------------------
 // Lane l owns rows l, l + 32, ... of the piece (the smem rows are r8 elements; each lane starts
 // its row at a different 16-byte vector so that the 8 lanes of a shared-memory phase hit
@@ -388,8 +339,8 @@ __device__ void expand_task(const Ctx& x, int vi, int64_t g, int c, int v, int r
           if (m < mc) {
             const int mm = m0 + m;
             T* yp = y + static_cast<int64_t>(ids[mm]) * N + n0 + rw;
-            const float yold = mm < kYPre ? Cv<T>::one(yb[mm * kYRows + rw]) : Cv<T>::one(*yp);
-            *yp = Cv<T>::from(yold + scale * acc[h][m]);
+            const float yold = mm < kYPre ? Cvt<T>::one(yb[mm * kYRows + rw]) : Cvt<T>::one(*yp);
+            *yp = Cvt<T>::from(yold + scale * acc[h][m]);
           }
         }
       }
@@ -549,7 +500,7 @@ __device__ void shrink_task(const Ctx& x, int vi, int64_t g, int c, int v, int r
       for (int b = 0; b < kStreamMaxBlock / kXPre; ++b) {
         const int mm = b * kXPre + m;
         if (b < nb && mm < count)
-          t[static_cast<int64_t>(ids[mm]) * a.r_max + r0 + rr] = Cv<T>::from(out[h][b]);
+          t[static_cast<int64_t>(ids[mm]) * a.r_max + r0 + rr] = Cvt<T>::from(out[h][b]);
       }
     }
   }

@@ -1,0 +1,68 @@
+// Device helpers shared by the lora kernels (lora.cu, lora_stream.cu): 16-bit <-> float
+// conversion per storage type, the 8-element dot product of two 16-byte vectors, and the mask
+// of a row's last vector past rank r.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace molora::lora::detail {
+
+template <typename T>
+struct Cvt;
+template <>
+struct Cvt<__nv_bfloat16> {
+  static __device__ __forceinline__ float2 two(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  }
+  static __device__ __forceinline__ float one(__nv_bfloat16 h) { return __bfloat162float(h); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float f) { return __float2bfloat16_rn(f); }
+};
+template <>
+struct Cvt<__half> {
+  static __device__ __forceinline__ float2 two(uint32_t u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+  }
+  static __device__ __forceinline__ float one(__half h) { return __half2float(h); }
+  static __device__ __forceinline__ __half from(float f) { return __float2half_rn(f); }
+};
+
+// The 8 elements of a 16-byte vector as floats.
+template <typename T>
+__device__ __forceinline__ void to8(const uint4& v, float (&f)[8]) {
+  const float2 a = Cvt<T>::two(v.x), b = Cvt<T>::two(v.y), c = Cvt<T>::two(v.z),
+               d = Cvt<T>::two(v.w);
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+// sum_i w[i] * x[i] over the 8 elements, in element order.
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
+  const float2 w0 = Cvt<T>::two(w.x), w1 = Cvt<T>::two(w.y), w2 = Cvt<T>::two(w.z),
+               w3 = Cvt<T>::two(w.w);
+  const float2 x0 = Cvt<T>::two(x.x), x1 = Cvt<T>::two(x.y), x2 = Cvt<T>::two(x.z),
+               x3 = Cvt<T>::two(x.w);
+  float s = w0.x * x0.x;
+  s = fmaf(w0.y, x0.y, s);
+  s = fmaf(w1.x, x1.x, s);
+  s = fmaf(w1.y, x1.y, s);
+  s = fmaf(w2.x, x2.x, s);
+  s = fmaf(w2.y, x2.y, s);
+  s = fmaf(w3.x, x3.x, s);
+  s = fmaf(w3.y, x3.y, s);
+  return s;
+}
+
+// The 16-bit lanes of a row's last 16-byte vector that hold elements < r (r % 8 of them, or
+// all 8): AND it into that vector so whatever the padding past r_s holds is ignored.
+__device__ __forceinline__ uint4 tail_mask(int r) {
+  const int tail = r - ((r + 7) / 8 - 1) * 8;  // 1..8
+  auto word = [tail](int i) {                  // elements 2i, 2i+1
+    return tail > 2 * i + 1 ? ~0u : tail > 2 * i ? 0xffffu : 0u;
+  };
+  return make_uint4(word(0), word(1), word(2), word(3));
+}
+
+}  // namespace molora::lora::detail
