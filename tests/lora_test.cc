@@ -255,9 +255,13 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   pb.block_size = 16;
   pb.sorted_len = 512 + 1280 * 15;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_EQ(pl.variant, "expand.aligned.bf16");
-  EXPECT_EQ(pl.kernel, "grid");  // the default; the stream kernel is opt-in
+  EXPECT_EQ(pl.variant, "expand.aligned-stream.bf16");  // the planner's choice here
   EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
+  o.kernel = "grid";
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "expand.aligned.bf16");
+  EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
+  o.kernel.clear();
 
   pb.routing = RoutingKind::kPlain;
   pb.num_tokens = 1024;  // P = 8192 > group cap (4096): one group per pair
@@ -266,9 +270,9 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   EXPECT_EQ(pl.group_cap, 0);
 }
 
-// The stream kernel (asked for: aligned routing, blocks of <= 32 pairs): one CTA per SM, 16 KiB
-// pipeline stages; asking for it where it does not apply, or for knobs it does not have, is an
-// error; without asking, every routing takes the grid kernel.
+// The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
+// pipeline stages; the planner takes it for expand with r_max >= 32 and P >= 64, grid
+// elsewhere; asking for it where it does not apply, or for knobs it does not have, is an error.
 TEST(LoraPlan, StreamKernelChoice) {
   Problem pb = seed_expand_problem();
   pb.routing = RoutingKind::kAligned;
@@ -279,22 +283,56 @@ TEST(LoraPlan, StreamKernelChoice) {
   o.config_path = "none";
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel, "stream");  // the default for expand, r_max >= 32, P >= 64
+  {
+    Problem q = pb;
+    q.num_tokens = 7;  // P = 56 < 64
+    ASSERT_TRUE(plan(q, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q = pb, q.r_max = 16;
+    ASSERT_TRUE(plan(q, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q = pb, q.block_size = 64, q.sorted_len = 512 + 1280 * 63;
+    ASSERT_TRUE(plan(q, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    o.kernel = "grid";
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+  }
   o.kernel = "stream";
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.kernel, "stream");
   EXPECT_EQ(pl.variant, "expand.aligned-stream.bf16");
   EXPECT_EQ(pl.tile, 256);  // 256 rows x 32 x 2 bytes = one 16 KiB stage
-  EXPECT_EQ(pl.stages, 9);
+  EXPECT_EQ(pl.stages, 12);
   EXPECT_EQ(pl.unroll, 0);
-  EXPECT_EQ(pl.threads, 32 * 17);  // 16 consumer warps and the producer
+  EXPECT_EQ(pl.threads, 32 * 12);  // 11 consumer warps and the producer
   EXPECT_EQ(pl.ctas_per_sm, 1);
   EXPECT_EQ(pl.grid, 132);
   EXPECT_EQ(pl.chunks, 6144 / 256);
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
-  EXPECT_GT(pl.smem_bytes, 9u * 16384);
-  EXPECT_NE(pl.to_string().find("stages=9"), std::string::npos) << pl.to_string();
+  EXPECT_GT(pl.smem_bytes, 12u * 16384);
+  EXPECT_NE(pl.to_string().find("stages=12"), std::string::npos) << pl.to_string();
   EXPECT_NE(pl.to_json().find("\"kernel\":\"stream\""), std::string::npos);
+  // The tuning settings: consumer warps in [1, 11], stages in [2, 13] (227 KiB of stages).
+  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "6");
+  molora::set_setting("MOLORA_LORA_STREAM_STAGES", "13");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.threads, 32 * 7);
+  EXPECT_EQ(pl.stages, 13);
+  EXPECT_LE(pl.smem_bytes, 227u * 1024);
+  for (const char* bad : {"12", "-1"}) {
+    molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", bad);
+    Status st = plan(pb, &pl, o);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("MOLORA_LORA_STREAM_CONSUMERS"), std::string::npos);
+  }
+  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", std::nullopt);
+  for (const char* bad : {"14", "1"}) {
+    molora::set_setting("MOLORA_LORA_STREAM_STAGES", bad);
+    EXPECT_FALSE(plan(pb, &pl, o).ok()) << bad;
+  }
+  molora::set_setting("MOLORA_LORA_STREAM_STAGES", std::nullopt);
   for (int r : {8, 16, 64, 128}) {  // tile: one stage at r_max, at most 512 rows
     pb.r_max = r;
     ASSERT_TRUE(plan(pb, &pl, o).ok());
@@ -323,7 +361,9 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_EQ(pl.variant, "shrink.aligned-stream.bf16");
   EXPECT_EQ(pl.tile, 8);
   EXPECT_EQ(pl.chunks, 4);
-  EXPECT_EQ(pl.stages, 9);
+  EXPECT_EQ(pl.stages, 12);
+  EXPECT_EQ(pl.threads, 32 * 5);  // 4 consumer warps and the producer
+  EXPECT_LE(pl.smem_bytes, 227u * 1024);
   o.force_tile = 16;
   EXPECT_FALSE(plan(pb, &pl, o).ok());
   o.force_tile = 0;

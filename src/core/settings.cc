@@ -37,6 +37,10 @@ const std::vector<SettingInfo>& registered_settings() {
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
        "copies"},
+      {"MOLORA_LORA_STREAM_CONSUMERS", "",
+       "stream kernel consumer warps per CTA (tuning; empty = the planner's default)"},
+      {"MOLORA_LORA_STREAM_STAGES", "",
+       "stream kernel shared-memory pipeline stages (tuning; empty = the planner's default)"},
       {"MOLORA_PROF_THREADS", "", "parser threads for molora prof (default: hardware threads)"},
       {"MOLORA_PROF_GZIP", "isal",
        "molora prof's gzip inflater: isal (ISA-L igzip, when built with it) or zlib"},

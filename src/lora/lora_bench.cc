@@ -302,17 +302,21 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   for (Op op : {Op::kExpand, Op::kShrink})
     for (const Shape& sh : seed_shapes()) {
       double min_pct[2] = {1e9, 1e9}, max_x[2] = {0, 0};
-      // Plain, aligned (the planner's kernel: grid) and, for comparison in the same run,
-      // aligned on the opt-in stream kernel (all-adapter rows only).
-      for (int variant = 0; variant < 3; ++variant)
+      // Plain, aligned (the planner's kernel) and, for comparison in the same run, aligned
+      // on each kernel forced (all-adapter rows only): al-grid, al-strm.
+      for (int variant = 0; variant < 4; ++variant)
         for (int T : Ts)
           for (double none : {0.0, 0.5, 1.0}) {
             const RoutingKind rk = variant == 0 ? RoutingKind::kPlain : RoutingKind::kAligned;
-            if (variant == 2 && none != 0.0) continue;
-            const char* label = variant == 0 ? "plain" : variant == 1 ? "aligned" : "al-strm";
+            if (variant >= 2 && none != 0.0) continue;
+            const char* label = variant == 0   ? "plain"
+                                : variant == 1 ? "aligned"
+                                : variant == 2 ? "al-grid"
+                                               : "al-strm";
             Case c;
             c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
-            if (variant == 2) c.kernel = "stream";
+            if (variant == 2) c.kernel = "grid";
+            if (variant == 3) c.kernel = "stream";
             Result r;
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
@@ -327,7 +331,7 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
             std::ostringstream key;
             key << op_name(op) << sh.name << T << none << label;
             t_at[key.str()] = r.us;
-            if (variant == 2) continue;
+            if (variant >= 2) continue;
             int ri = rk == RoutingKind::kPlain ? 0 : 1;
             if (none == 0.0 && T >= 32) min_pct[ri] = std::min(min_pct[ri], r.pct_copy);
             if (none == 0.0 && T <= 8) max_x[ri] = std::max(max_x[ri], r.us / r.floor_us);
@@ -365,12 +369,15 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         std::ostringstream kp, ka;
         kp << op_name(op) << sh.name << 64 << 0.0 << "plain";
         ka << op_name(op) << sh.name << 64 << 0.0 << "aligned";
-        std::ostringstream kg;
-        kg << op_name(op) << sh.name << 64 << 0.0 << "al-strm";
+        std::ostringstream kg, ks;
+        kg << op_name(op) << sh.name << 64 << 0.0 << "al-grid";
+        ks << op_name(op) << sh.name << 64 << 0.0 << "al-strm";
         std::snprintf(line, sizeof line,
-                      "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (grid "
-                      "kernel; stream kernel %.2f us; aligned excludes the align kernel)",
-                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()], t_at[kg.str()]);
+                      "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (the "
+                      "planner's kernel; grid %.2f us, stream %.2f us; aligned excludes the align "
+                      "kernel)",
+                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()], t_at[kg.str()],
+                      t_at[ks.str()]);
         summary.push_back(line);
       }
     }

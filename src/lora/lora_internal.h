@@ -92,35 +92,48 @@ constexpr int kThreads = 256;
 size_t smem_bytes(int mode, int64_t P, int block);
 
 // The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
-// Consumer warps (plus one producer warp): expand's arithmetic is latency-bound, so it takes
-// 16 (4 per scheduler); shrink's 16 x 4 accumulators need the registers of 8.
-constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 16 : 8; }
+// Consumer warps (plus one producer warp). Their arithmetic runs on tensor cores. A CTA takes
+// up to stream_max_consumers(op); the planner's default is stream_consumers(op), and
+// MOLORA_LORA_STREAM_CONSUMERS overrides it (a tuning knob). Expand: 11 consumers + the
+// producer = 12 warps, 3 per SM sub-partition, so each thread may hold 168 registers (13 warps
+// would put 4 on one sub-partition's 16 Ki registers: 128 each, and the 64 y words of r_max <= 16
+// would spill). More consumers hide more of each task's dependent loads (H200, N=6144 T=64:
+// 8 -> 12 consumers 79.6 -> 69.2 us).
+constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
+constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 4; }
 constexpr int stream_threads(Op op) { return 32 * (stream_consumers(op) + 1); }
-constexpr int kStreamStageBytes = 16384;   // weight bytes of one pipeline stage
-constexpr int kStreamMaxBlock = 32;        // pairs per align block the kernel takes
-constexpr int kStreamShrinkRows = 8;       // shrink: rank rows per task (the plan's tile)
-constexpr int kStreamShrinkKc = 1024;      // shrink: K columns per stage
-constexpr int kStreamMaxRowsPerLane = 16;  // expand: tile <= 32 * this
-constexpr int kStreamSlots = 64;           // slots whose rank and scale live in shared memory
-constexpr int kStreamTBatch = 8;           // expand: members whose t is staged at once
-constexpr int kStreamYPre = 2;             // expand: members whose y is staged with the weights
-constexpr int kStreamXPre = 4;             // shrink: members per pass (x chunks staged)
-inline int stream_stages(Op op) { return op == Op::kExpand ? 9 : 9; }
-// Per-consumer-warp staging bytes: expand, t of kStreamTBatch members (r_max <= 128) and y of
-// kStreamYPre members over one tile; shrink, x of kStreamXPre members over one K-chunk.
-inline constexpr size_t stream_warp_bytes(Op op) {
-  return op == Op::kExpand ? 2 * (kStreamTBatch * 128 + kStreamYPre * 32 * kStreamMaxRowsPerLane)
-                           : 2 * kStreamXPre * kStreamShrinkKc;
+constexpr int kStreamStageBytes = 16384;  // expand: weight bytes of one pipeline stage
+constexpr int kStreamMaxBlock = 32;       // pairs per align block the kernel takes
+constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the plan's tile)
+constexpr int kStreamShrinkKc = 512;      // shrink: K columns per stage
+constexpr int kStreamShrinkXMembers = 8;  // shrink: members whose x rows travel in the stage
+// Shrink: bytes per stage row (weights, then x), padded by 64 so that rows g and g + 1 of one
+// shared-memory phase fall in different banks.
+constexpr int kStreamShrinkPitch = 2 * kStreamShrinkKc + 64;
+constexpr int kStreamSlots = 64;  // slots whose rank and scale live in shared memory
+// Bytes of one stage: expand, the weights of one task; shrink, 8 weight rows and 8 x rows.
+constexpr int stream_stage_bytes(Op op) {
+  return op == Op::kExpand ? kStreamStageBytes
+                           : (kStreamShrinkRows + kStreamShrinkXMembers) * kStreamShrinkPitch;
 }
-// Expand rows per task: one stage of weights at r_max, at most 32 * kStreamMaxRowsPerLane.
+// Pipeline stages: the default, and the most that fit in 227 KiB of shared memory
+// (MOLORA_LORA_STREAM_STAGES overrides the default within [2, max]).
+inline int stream_stages(Op) { return 12; }
+inline int stream_max_stages(Op op) { return (227 * 1024 - 4096) / stream_stage_bytes(op); }
+// Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
 inline int stream_expand_tile(int r_max) {
-  const int rows = kStreamStageBytes / (2 * r_max) / 32;
-  return 32 * (rows < kStreamMaxRowsPerLane ? rows : kStreamMaxRowsPerLane);
+  const int rows = kStreamStageBytes / (2 * r_max);
+  return rows < 512 ? rows : 512;
+}
+// A stream launch's threads (whole warps: the producer and 1..max consumers) and stages.
+inline bool stream_shape_ok(Op op, int threads, int stages) {
+  return threads % 32 == 0 && threads >= 64 && threads <= 32 * (stream_max_consumers(op) + 1) &&
+         stages >= 2 && stages <= stream_max_stages(op);
 }
 // Shared-memory layout of one stream CTA (byte offsets; stages first).
 struct StreamLayout {
   int stages;
-  size_t full, empty, issued, ids, tbuf, rank, scale, total;
+  size_t full, empty, issued, ids, rank, scale, total;
 };
 #ifdef __CUDACC__
 __host__ __device__
@@ -129,12 +142,11 @@ __host__ __device__
     stream_layout(Op op, int stages) {
   StreamLayout l{};
   l.stages = stages;
-  size_t o = static_cast<size_t>(stages) * kStreamStageBytes;
+  size_t o = static_cast<size_t>(stages) * stream_stage_bytes(op);
   l.full = o, o += 8 * static_cast<size_t>(stages);
   l.empty = o, o += 8 * static_cast<size_t>(stages);
   l.issued = o, o += 16;
-  l.ids = o, o += 4 * static_cast<size_t>(stream_consumers(op)) * kStreamMaxBlock;
-  l.tbuf = o, o += stream_consumers(op) * stream_warp_bytes(op);
+  l.ids = o, o += 4 * static_cast<size_t>(stream_max_consumers(op)) * kStreamMaxBlock;
   l.rank = o, o += 4 * kStreamSlots;
   l.scale = o, o += 4 * kStreamSlots;
   l.total = o;

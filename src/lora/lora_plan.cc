@@ -141,12 +141,14 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const int mode = aligned                  ? detail::kModeAligned
                    : P <= detail::kGroupCap ? detail::kModeGrouped
                                             : detail::kModePairs;
-  // Kernel: the grid kernel unless the stream pipeline is asked for (aligned routing with
-  // blocks of <= 32 pairs). The stream kernel is correct but slower on the H200 so far (its
-  // consumers' arithmetic is latency-bound; bench/NOTES.md "lora v0.4"), so it is opt-in.
+  // Kernel: the stream pipeline applies to aligned routing with blocks of <= 32 pairs. The
+  // planner takes it for expand with r_max >= 32 and P >= 64 pairs, where it measured faster
+  // than the grid kernel on the H200 (bench/NOTES.md "lora v0.5": N=6144 r=32 T=64 51 vs 78 us;
+  // at T=1, with r_max = 16 below T=128, and for shrink it was slower), else grid.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  if (kernel.empty()) kernel = "grid";
+  if (kernel.empty())
+    kernel = stream_ok && pb.op == Op::kExpand && pb.r_max >= 32 && P >= 64 ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)
@@ -154,7 +156,19 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                                    std::to_string(detail::kStreamMaxBlock));
   const bool stream = kernel == "stream";
   pl.kernel = kernel;
-  pl.threads = stream ? detail::stream_threads(pb.op) : detail::kThreads;
+  pl.threads = detail::kThreads;
+  if (stream) {  // consumer warps and stages: the defaults unless the tuning settings say
+    const int64_t cons = get_setting_int("MOLORA_LORA_STREAM_CONSUMERS", 0);
+    const int64_t stg = get_setting_int("MOLORA_LORA_STREAM_STAGES", 0);
+    pl.threads = 32 * (1 + static_cast<int>(cons > 0 ? cons : detail::stream_consumers(pb.op)));
+    pl.stages = static_cast<int>(stg > 0 ? stg : detail::stream_stages(pb.op));
+    if (cons < 0 || !detail::stream_shape_ok(pb.op, pl.threads, pl.stages))
+      return Status::InvalidArgument("MOLORA_LORA_STREAM_CONSUMERS / _STAGES must be in [1, " +
+                                     std::to_string(detail::stream_max_consumers(pb.op)) +
+                                     "] / [2, " + std::to_string(detail::stream_max_stages(pb.op)) +
+                                     "], got " + std::to_string(cons) + " / " +
+                                     std::to_string(stg));
+  }
   pl.group_cap = mode == detail::kModeGrouped ? detail::kGroupCap : 0;
   pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
   const char* mode_name = stream    ? "aligned-stream"
@@ -231,7 +245,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   }
   pl.tile = tile;
   pl.unroll = unroll;
-  pl.stages = stream ? detail::stream_stages(pb.op) : 0;
+  if (!stream) pl.stages = 0;
   pl.chunks = static_cast<int>(pb.op == Op::kShrink ? cdiv(pb.r_max, tile) : cdiv(dim, tile));
   pl.max_items = pl.groups * pl.chunks;
   pl.est_items = std::min(pl.max_items, est_groups * pl.chunks);

@@ -101,7 +101,7 @@ Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStr
   const bool shape_ok =
       stream_plan
           ? (a.aligned && pb.block_size <= detail::kStreamMaxBlock &&
-             plan_in->stages == detail::stream_stages(pb.op) &&
+             detail::stream_shape_ok(pb.op, plan_in->threads, plan_in->stages) &&
              (pb.op == Op::kShrink ? plan_in->tile == detail::kStreamShrinkRows
                                    : plan_in->tile % 32 == 0 &&
                                          plan_in->tile <= detail::stream_expand_tile(pb.r_max)))

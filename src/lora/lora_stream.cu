@@ -34,10 +34,9 @@ namespace molora::lora::detail {
 namespace {
 
 constexpr int kSlots = kStreamSlots;
-constexpr int kTBatch = kStreamTBatch;
-constexpr int kYPre = kStreamYPre;
-constexpr int kYRows = 32 * kStreamMaxRowsPerLane;
-constexpr int kXPre = kStreamXPre;
+constexpr int kXMembers = kStreamShrinkXMembers;
+constexpr int kMaxShrinkConsumers = stream_max_consumers(Op::kShrink);
+constexpr int kPitch = kStreamShrinkPitch;  // shrink: bytes per row of a stage (weights and x)
 
 // --- mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90) -------------------------------
 __device__ __forceinline__ uint32_t sa(const void* p) {
@@ -80,11 +79,11 @@ __device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
 __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t* full, int64_t pos,
                                             int stages) {
   if (*issued <= pos) {
+    // Short fixed sleeps: the wake-up delay adds to the stage's turn-around whenever the
+    // consumer is ahead of the producer (shrink's consumers usually are).
     const long long t0 = clock64();
-    unsigned ns = 64;  // back off: a sleeping warp issues nothing
     while (*issued <= pos) {
-      __nanosleep(ns);
-      ns = ns < 1024 ? 2 * ns : ns;
+      __nanosleep(32);
       if (clock64() - t0 > (1LL << 33)) __trap();
     }
   }
@@ -132,215 +131,350 @@ __device__ __forceinline__ float scale_of(const Ctx& x, int slot) {
   return x.a->S <= kSlots ? x.scale[slot] : __ldg(x.a->scales + slot);
 }
 
-// Walks this CTA's valid tasks in order, calling f(valid_index, task, group, chunk, v, r).
-// Called by a whole warp; f is called uniformly by every lane.
+// This CTA's valid tasks in order: `next` gives the next one (its valid index vi, group g,
+// chunk c, virtual expert v, rank r) or false at the end. A whole warp calls it (uniformly).
+struct Task {
+  int vi;
+  int64_t g;
+  int c, v, r;
+};
+template <Op OP>
+struct TaskIter {
+  const Ctx& x;
+  int64_t l0 = 0, base = 0;
+  unsigned m = 0;
+  int ve = -1, rk = 0, vi = 0;
+  __device__ explicit TaskIter(const Ctx& c) : x(c) {}
+  __device__ __forceinline__ bool next(Task& t) {
+    const KernelArgs& a = *x.a;
+    while (m == 0) {  // the next 32 tasks: one expert-id load per lane, kept by ballot
+      if (l0 >= x.my_tasks) return false;
+      const int64_t lt = l0 + (threadIdx.x & 31);
+      ve = -1, rk = 0;
+      bool ok = false;
+      if (lt < x.my_tasks) {
+        const int64_t task = blockIdx.x + lt * gridDim.x;
+        const int64_t g = task / a.chunks;
+        const int c = static_cast<int>(task - g * a.chunks);
+        ve = __ldg(a.rt.expert_ids + g);
+        if (ve >= 0 && ve < x.V) {
+          rk = rank_of(x, ve / a.E);
+          ok = rk > 0 && (OP == Op::kExpand || c * a.tile < rk);
+        }
+      }
+      m = __ballot_sync(~0u, ok);
+      base = l0;
+      l0 += 32;
+    }
+    const int j = __ffs(m) - 1;
+    m &= m - 1;
+    const int64_t task = blockIdx.x + (base + j) * gridDim.x;
+    t.g = task / a.chunks;
+    t.c = static_cast<int>(task - t.g * a.chunks);
+    t.v = __shfl_sync(~0u, ve, j);
+    t.r = __shfl_sync(~0u, rk, j);
+    t.vi = vi++;
+    return true;
+  }
+};
+// Calls f(valid_index, group, chunk, v, r) for each valid task, in order (whole warp).
 template <Op OP, typename F>
 __device__ __forceinline__ void for_valid_tasks(const Ctx& x, F&& f) {
-  const KernelArgs& a = *x.a;
-  const int lane = threadIdx.x & 31;
-  int vi = 0;
-  for (int64_t l0 = 0; l0 < x.my_tasks; l0 += 32) {
-    const int64_t lt = l0 + lane;
-    int ve = -1, r = 0;
-    bool ok = false;
-    if (lt < x.my_tasks) {
-      const int64_t task = blockIdx.x + lt * gridDim.x;
-      const int64_t g = task / a.chunks;
-      const int c = static_cast<int>(task - g * a.chunks);
-      ve = __ldg(a.rt.expert_ids + g);
-      if (ve >= 0 && ve < x.V) {
-        r = rank_of(x, ve / a.E);
-        ok = r > 0 && (OP == Op::kExpand || c * a.tile < r);
-      }
-    }
-    unsigned m = __ballot_sync(~0u, ok);
-    while (m != 0) {
-      const int j = __ffs(m) - 1;
-      m &= m - 1;
-      const int64_t task = blockIdx.x + (l0 + j) * gridDim.x;
-      const int64_t g = task / a.chunks;
-      const int c = static_cast<int>(task - g * a.chunks);
-      const int v = __shfl_sync(~0u, ve, j), rr = __shfl_sync(~0u, r, j);
-      f(vi++, g, c, v, rr);
-    }
-  }
+  TaskIter<OP> it(x);
+  Task t;
+  while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
+}
+
+// Ring positions. Expand: valid task i takes position i. Shrink (a task is `pieces` stages):
+// the valid tasks go in rounds of C = consumer warps, task i = round i / C, warp i % C, and the
+// round's pieces interleave, piece q of the round's w-th task at position
+//   base(round) + q * n + w    (n = tasks in the round: C, or what is left in the last one),
+// so that the round's C consumers work side by side rather than one task filling the ring.
+struct Round {
+  int64_t base;
+  int n, w;
+};
+__device__ __forceinline__ Round shrink_round(int vi, int consumers, int total, int pieces) {
+  Round rd;
+  const int ro = vi / consumers;
+  rd.base = static_cast<int64_t>(ro) * consumers * pieces;
+  rd.n = min(consumers, total - ro * consumers);
+  rd.w = vi - ro * consumers;
+  return rd;
 }
 
 // --- producer -------------------------------------------------------------------------------
 template <Op OP, typename T>
-__device__ void produce(const Ctx& x) {
+__device__ void produce(const Ctx& x, int consumers) {
   const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31;
   const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
   const int R = a.r_max;
   const T* W = static_cast<const T*>(a.w);
-  for_valid_tasks<OP>(x, [&](int vi, int64_t, int c, int v, int r) {
-    for (int q = 0; q < x.pieces; ++q) {
-      const int64_t pos = static_cast<int64_t>(vi) * x.pieces + q;
-      const int s = static_cast<int>(pos % x.L.stages);
-      const int64_t n = pos / x.L.stages;
-      if (n > 0) bar_wait(x.empty + s, static_cast<uint32_t>((n - 1) & 1));
-      uint8_t* dst = x.smem + static_cast<size_t>(s) * kStreamStageBytes;
-      if (OP == Op::kExpand) {
-        const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
-        const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
-        const int r8 = (r + 7) / 8 * 8;
-        const T* src = W + (static_cast<int64_t>(v) * N + n0) * R;
-        if (a.dbg & 4) {
-          if (lane == 0) bar_arrive(x.full + s);
-        } else if (lane == 0) {
-          bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
-        }
-        __syncwarp();
-        if (a.dbg & 4) {
-        } else if (r8 == R) {
-          if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
-        } else {
-          for (int j = lane; j < rows; j += 32)
-            bulk_g2s(dst + static_cast<size_t>(j) * r8 * 2, src + static_cast<int64_t>(j) * R,
-                     r8 * 2, x.full + s, pol);
-        }
-      } else {
-        const int64_t K = a.dim, k0 = static_cast<int64_t>(q) * x.kc;
-        const int cols = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0));
-        const int r0 = c * a.tile;
-        const int rows = min(a.tile, r - r0);
-        const T* src = W + (static_cast<int64_t>(v) * R + r0) * K + k0;
-        if (a.dbg & 4) {
-          if (lane == 0) bar_arrive(x.full + s);
-        } else if (lane == 0) {
-          bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * cols * 2);
-        }
-        __syncwarp();
-        if (lane < rows && !(a.dbg & 4))
-          bulk_g2s(dst + static_cast<size_t>(lane) * x.kc * 2, src + static_cast<int64_t>(lane) * K,
-                   cols * 2, x.full + s, pol);
+  const T* X = static_cast<const T*>(a.in);
+  // Waits for the stage of `pos` to be free, announces its bytes and issues its copies. Shrink:
+  // lane `lane` also copies the x row of member xm (< 0: none) of token xtok; nx members in all.
+  auto issue = [&](int64_t pos, int q, int c, int v, int r, int xm, int64_t xtok, int nx) {
+    const int s = static_cast<int>(pos % x.L.stages);
+    const int64_t n = pos / x.L.stages;
+    if (n > 0) bar_wait(x.empty + s, static_cast<uint32_t>((n - 1) & 1));
+    uint8_t* dst = x.smem + static_cast<size_t>(s) * stream_stage_bytes(OP);
+    if (OP == Op::kExpand) {
+      const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
+      const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
+      const int r8 = (r + 7) / 8 * 8;
+      const T* src = W + (static_cast<int64_t>(v) * N + n0) * R;
+      if (a.dbg & 4) {
+        if (lane == 0) bar_arrive(x.full + s);
+      } else if (lane == 0) {
+        bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
       }
-      if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
-        __threadfence_block();
-        *x.issued = static_cast<int>(pos + 1);
+      __syncwarp();
+      if (a.dbg & 4) {
+      } else if (r8 == R) {
+        if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
+      } else {
+        for (int j = lane; j < rows; j += 32)
+          bulk_g2s(dst + static_cast<size_t>(j) * r8 * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
+                   x.full + s, pol);
+      }
+    } else {
+      const int64_t K = a.dim, k0 = static_cast<int64_t>(q) * x.kc;
+      const int cols = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0));
+      const int r0 = c * a.tile;
+      const int rows = min(a.tile, r - r0);
+      const T* src = W + (static_cast<int64_t>(v) * R + r0) * K + k0;
+      if (a.dbg & 4) {
+        if (lane == 0) bar_arrive(x.full + s);
+      } else if (lane == 0) {
+        bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows + nx) * cols * 2);
+      }
+      __syncwarp();
+      if (!(a.dbg & 4)) {
+        if (lane < rows)
+          bulk_g2s(dst + static_cast<size_t>(lane) * kPitch, src + static_cast<int64_t>(lane) * K,
+                   cols * 2, x.full + s, pol);
+        if (xm >= 0)  // x is read by every task of the group: default L2 policy
+          bulk_g2s(dst + static_cast<size_t>(kStreamShrinkRows + xm) * kPitch, X + xtok * K + k0,
+                   cols * 2, x.full + s, 0);
       }
     }
-  });
+    if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
+      __threadfence_block();
+      *x.issued = static_cast<int>(pos + 1);
+    }
+  };
+  if constexpr (OP == Op::kExpand) {
+    for_valid_tasks<OP>(
+        x, [&](int vi, int64_t, int c, int v, int r) { issue(vi, 0, c, v, r, -1, 0, 0); });
+  } else {
+    // Shrink: a round's tasks are kept one per lane (lane w: task w), then issued interleaved.
+    // The x rows of each task's first kXMembers members travel with the weights: lane l copies
+    // member xm's row, members in ascending block order (as load_members).
+    int64_t my_g = 0, base = 0;
+    int my_c = 0, my_v = 0, my_r = 0, cnt = 0;
+    auto flush = [&](int n) {
+      int xm[kMaxShrinkConsumers], nx[kMaxShrinkConsumers];
+      int64_t xtok[kMaxShrinkConsumers];
+      int p[kMaxShrinkConsumers];
+#pragma unroll
+      for (int w = 0; w < kMaxShrinkConsumers; ++w) {  // the round's id loads, all in flight
+        const int64_t g = __shfl_sync(~0u, my_g, w);
+        const int64_t at = g * a.block + lane;
+        p[w] = (w < n && !(a.dbg & 2) && lane < a.block && at < a.sorted_len)
+                   ? __ldg(a.rt.sorted_token_ids + at)
+                   : -1;
+      }
+#pragma unroll
+      for (int w = 0; w < kMaxShrinkConsumers; ++w) {
+        const bool ok = p[w] >= 0 && p[w] < a.P;
+        const unsigned bal = __ballot_sync(~0u, ok);
+        const int idx = __popc(bal & ((1u << lane) - 1u));
+        xm[w] = (ok && idx < kXMembers) ? idx : -1;
+        xtok[w] = ok ? p[w] / a.k : 0;
+        nx[w] = min(__popc(bal), kXMembers);
+      }
+#pragma unroll 1
+      for (int q = 0; q < x.pieces; ++q)
+#pragma unroll 1
+        for (int w = 0; w < n; ++w) {
+          int xmw = -1, nxw = 0;
+          int64_t xtw = 0;
+#pragma unroll
+          for (int u = 0; u < kMaxShrinkConsumers; ++u)
+            if (u == w) xmw = xm[u], nxw = nx[u], xtw = xtok[u];
+          issue(base + static_cast<int64_t>(q) * n + w, q, __shfl_sync(~0u, my_c, w),
+                __shfl_sync(~0u, my_v, w), __shfl_sync(~0u, my_r, w), xmw, xtw, nxw);
+        }
+      base += static_cast<int64_t>(x.pieces) * n;
+    };
+    for_valid_tasks<OP>(x, [&](int, int64_t g, int c, int v, int r) {
+      if (lane == cnt) my_g = g, my_c = c, my_v = v, my_r = r;
+      if (++cnt == consumers) flush(cnt), cnt = 0;
+    });
+    if (cnt > 0) flush(cnt);
+  }
 }
 
-// Loads this task's pair ids (block g of the align output) into ids[], ascending; returns the
-// count. Whole warp.
-__device__ __forceinline__ int load_members(const KernelArgs& a, int64_t g, int* ids) {
+// This lane's entry of block g of the align output (-1 past the block or the used length).
+__device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
   const int lane = threadIdx.x & 31;
-  int p = -1;
   const int64_t at = g * a.block + lane;
-  if (lane < a.block && at < a.sorted_len) p = __ldg(a.rt.sorted_token_ids + at);
+  return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
+}
+// Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
+// count. Whole warp.
+__device__ __forceinline__ int compact_members(const KernelArgs& a, int p, int* ids) {
+  const int lane = threadIdx.x & 31;
   const bool ok = p >= 0 && p < a.P;
   const unsigned bal = __ballot_sync(~0u, ok);
   if (ok) ids[__popc(bal & ((1u << lane) - 1u))] = p;
   __syncwarp();
   return __popc(bal);
 }
+// Loads this task's pair ids (block g) into ids[], ascending; returns the count. Whole warp.
+__device__ __forceinline__ int load_members(const KernelArgs& a, int64_t g, int* ids) {
+  return compact_members(a, block_entry(a, g), ids);
+}
 
-// 16-byte asynchronous copy global -> shared (Ampere cp.async), waited with cp_async_wait().
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.commit_group;\n cp.async.wait_all;" ::: "memory");
-}
 __device__ __forceinline__ uint4 mask4(uint4 v, const uint4& keep) {
   v.x &= keep.x, v.y &= keep.y, v.z &= keep.z, v.w &= keep.w;
   return v;
 }
-// --- expand consumer: y[p, n0 + row] += scale * B[v, n0 + row, :r] . t[p, :r] ------------------
-// Lane l owns rows l, l + 32, ... of the piece (the smem rows are r8 elements; each lane starts
-// its row at a different 16-byte vector so that the 8 lanes of a shared-memory phase hit
-// distinct banks). The t rows of up to kTBatch members and the y of the first kYPre members
-// (this chunk's rows) are copied to shared memory (cp.async) while the weights land. Loops are
-// kept rolled: the kernel's code must stay within the instruction cache.
+// Tensor-core step: D += A (16 x 16, row) * B (16 x 8, col), fp32 accumulators.
 template <typename T>
-__device__ void expand_task(const Ctx& x, int vi, int64_t g, int c, int v, int r, int* ids,
-                            uint8_t* wbuf) {
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                        uint32_t a2, uint32_t a3, uint32_t b0,
+                                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                 uint32_t a2, uint32_t a3, uint32_t b0,
+                                                 uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The two 16-bit values of a 32-bit word packed from floats (round to nearest even).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The k order of the tensor-core steps. Lane l = 4 g + c (g = l / 4, c = l % 4) holds, in an
+// m16n8k16 step, A elements (row g and g + 8; k 2c, 2c+1 and 2c+8, 2c+9) and B elements (column
+// g; the same k). A sum over k may take the k in any order that A and B share, so lane c's four
+// k of step s of "superstep" j (32 k) are taken as the physical k 32j + 8c + 4s + {0..3}: one
+// 16-byte vector (vector 4j + c of a row) gives a lane both steps of a superstep, for either
+// operand, and the 8 g-rows x 4 c-vectors of one load are contiguous in shared memory (no bank
+// conflicts while a row is <= 64 bytes).
+//   v.x: step 0, k 2c..2c+1   v.y: step 0, k 2c+8..   v.z: step 1, k 2c..   v.w: step 1, k 2c+8..
+// The vector of a row past its nv = ceil(r / 8) vectors is zero, and its last vector is masked
+// past r, for both operands (0 * NaN would be NaN).
+
+// --- expand consumer: y[p, n0 + n] += scale * B[v, n0 + n, :r] . t[p, :r] --------------------
+// Tensor cores, A = t (8 members of a batch in rows 0..7, rows 8..15 zero), B = the weight tile
+// (k x 8 rows of N): per 8-row tile and superstep one 16-byte shared-memory load and two
+// m16n8k16 steps; the accumulator gives lane (g, c) rows 2c, 2c + 1 of member g, so y moves as
+// one 4-byte word. The y words of member g for every 8-row tile (NT of them) and the t vectors
+// are loaded into registers while the weights land (batches past the first: after). NT = the task's
+// 8-row tiles (the plan's tile / 8), SUP = supersteps of r_max (r_max / 32, at least 1).
+template <typename T, int NT, int SUP>
+__device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, int* ids) {
   const KernelArgs& a = *x.a;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
   const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
+  const int ntn = rows / 8;
   const int R = a.r_max, nv = (r + 7) / 8;
-  const int rot = (nv >= 8 ? lane : (lane * nv) >> 3) % nv;
-  const uint4 keep = tail_mask(r);
   const float scale = scale_of(x, v / a.E);
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
-  uint4* tb = reinterpret_cast<uint4*>(wbuf);                      // [kTBatch][16] vectors
-  T* yb = reinterpret_cast<T*>(wbuf + kTBatch * 128 * sizeof(T));  // [kYPre][kYRows]
-  const int count = (a.dbg & 2) ? 0 : load_members(a, g, ids);
-  auto stage_t = [&](int m0, int mc) {
-    for (int i = lane; i < mc * nv; i += 32) {
-      const int m = i / nv, q = i - m * nv;
-      cp_async16(tb + m * 16 + q, tin + static_cast<int64_t>(ids[m0 + m]) * R + q * 8);
-    }
-  };
-  stage_t(0, min(kTBatch, count));
-  const int ny = min(kYPre, count), yv = rows / 8;
-  for (int i = lane; i < ny * yv; i += 32) {
-    const int m = i / yv, q = i - m * yv;
-    cp_async16(yb + m * kYRows + q * 8, y + static_cast<int64_t>(ids[m]) * N + n0 + q * 8);
+  const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
+  const uint4 tail = tail_mask(r), all = make_uint4(~0u, ~0u, ~0u, ~0u),
+              zero = make_uint4(0, 0, 0, 0);
+  uint4 keep[SUP];
+#pragma unroll
+  for (int j = 0; j < SUP; ++j) {
+    const int vec = 4 * j + cq;
+    keep[j] = vec < nv - 1 ? all : vec == nv - 1 ? tail : zero;
   }
   const int64_t pos = vi;  // expand: one piece per task
   const int s = static_cast<int>(pos % x.L.stages);
-  wait_filled(x.issued, x.full + s, pos, x.L.stages);
-  cp_async_wait();
-  __syncwarp();
-  const uint4* st =
-      reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) * kStreamStageBytes);
-  for (int m0 = 0; m0 < ((a.dbg & 1) ? 0 : count); m0 += kTBatch) {
-    const int mc = min(kTBatch, count - m0);
-    if (m0 > 0) {
-      __syncwarp();
-      stage_t(m0, mc);
-      cp_async_wait();
-      __syncwarp();
+  const uint4* st = reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) *
+                                                                stream_stage_bytes(Op::kExpand));
+  const int batches = (a.dbg & 1) ? 0 : (count + 7) / 8;
+#pragma unroll 1
+  for (int bt = 0; bt <= max(batches - 1, 0); ++bt) {
+    const int m0 = 8 * bt, mc = bt < batches ? min(8, count - m0) : 0;
+    const int id = gq < mc ? ids[m0 + gq] : -1;
+    uint4 ta[SUP];
+#pragma unroll
+    for (int j = 0; j < SUP; ++j) {
+      const int vec = 4 * j + cq;
+      ta[j] = (id >= 0 && vec < nv)
+                  ? mask4(__ldg(reinterpret_cast<const uint4*>(tin + static_cast<int64_t>(id) * R) +
+                                vec),
+                          keep[j])
+                  : zero;
     }
-    // Two rows per pass (rows r and r + 32): two independent FMA chains per member.
-#pragma unroll 1
-    for (int row = lane; row < rows; row += 64) {
-      const bool two = row + 32 < rows;
-      float acc[2][kTBatch];
+    uint32_t* yp =
+        reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(id >= 0 ? id : 0) * N + n0 + 2 * cq);
+    uint32_t yo[NT];
 #pragma unroll
-      for (int m = 0; m < kTBatch; ++m) acc[0][m] = 0.f, acc[1][m] = 0.f;
-#pragma unroll 1
-      for (int q = 0; q < nv; ++q) {
-        int qq = q + rot;
-        qq -= qq >= nv ? nv : 0;
-        const bool last = qq == nv - 1;
-        uint4 w0 = st[row * nv + qq];
-        uint4 w1 = two ? st[(row + 32) * nv + qq] : make_uint4(0, 0, 0, 0);
-        if (last) w0 = mask4(w0, keep), w1 = mask4(w1, keep);
-        float f0[8], f1[8];
-        to8<T>(w0, f0);
-        to8<T>(w1, f1);
+    for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && nt < ntn) ? yp[nt * 4] : 0u;
+    if (bt == 0) wait_filled(x.issued, x.full + s, pos, x.L.stages);
+    if (mc <= 0) break;
+    // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
+    // its y stores (a load after a store may not be moved above it: they could alias).
+    constexpr int G = NT >= 64 ? 4 : 8 / SUP;  // (64 y words already take 64 registers)
 #pragma unroll
-        for (int m = 0; m < kTBatch; ++m) {
-          if (m < mc) {
-            uint4 tv = tb[m * 16 + qq];
-            if (last) tv = mask4(tv, keep);
-            float tf[8];
-            to8<T>(tv, tf);
-            float s0 = acc[0][m], s1 = acc[1][m];
+    for (int nt0 = 0; nt0 < NT; nt0 += G) {
+      if (nt0 < ntn) {
+        uint4 w[G][SUP];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s0 = fmaf(f0[e], tf[e], s0), s1 = fmaf(f1[e], tf[e], s1);
-            acc[0][m] = s0, acc[1][m] = s1;
+        for (int u = 0; u < G; ++u)
+#pragma unroll
+          for (int j = 0; j < SUP; ++j)
+            w[u][j] = (nt0 + u < ntn && 4 * j + cq < nv)
+                          ? mask4(st[((nt0 + u) * 8 + gq) * nv + 4 * j + cq], keep[j])
+                          : zero;
+        float d[G][4];
+#pragma unroll
+        for (int u = 0; u < G; ++u) {
+          d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.f;
+#pragma unroll
+          for (int j = 0; j < SUP; ++j) {
+            if (4 * j < nv) {  // rows g + 8 of A (a1, a3) are zero: 8 members per batch
+              mma16816<T>(d[u], ta[j].x, 0u, ta[j].y, 0u, w[u][j].x, w[u][j].y);
+              mma16816<T>(d[u], ta[j].z, 0u, ta[j].w, 0u, w[u][j].z, w[u][j].w);
+            }
           }
         }
-      }
+        if (id >= 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rw = row + 32 * h;
-        if (h == 1 && !two) break;
-#pragma unroll
-        for (int m = 0; m < kTBatch; ++m) {
-          if (m < mc) {
-            const int mm = m0 + m;
-            T* yp = y + static_cast<int64_t>(ids[mm]) * N + n0 + rw;
-            const float yold = mm < kYPre ? Cvt<T>::one(yb[mm * kYRows + rw]) : Cvt<T>::one(*yp);
-            *yp = Cvt<T>::from(yold + scale * acc[h][m]);
+          for (int u = 0; u < G; ++u) {
+            const int nt = nt0 + u;
+            if (nt < ntn) {
+              const float2 o = Cvt<T>::two(yo[nt]);
+              yp[nt * 4] = pack2<T>(fmaf(scale, d[u][0], o.x), fmaf(scale, d[u][1], o.y));
+            }
           }
         }
       }
@@ -350,165 +484,108 @@ __device__ void expand_task(const Ctx& x, int vi, int64_t g, int c, int v, int r
   if (lane == 0) bar_arrive(x.empty + s);
 }
 
-// c ? a : b on registers (a plain ?: over array elements becomes an address select, which puts
-// the array in local memory).
-__device__ __forceinline__ float sel(bool c, float a, float b) {
-  float r;
-  asm("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n selp.f32 %0, %2, %3, p;\n}"
-      : "=f"(r)
-      : "r"(static_cast<unsigned>(c)), "f"(a), "f"(b));
-  return r;
-}
-
-// One halving step of reduce_scatter32: lanes with bit OFF keep the upper OFF values.
-template <int OFF>
-__device__ __forceinline__ void rs_step(float (&v)[32], int lane) {
-  const bool up = (lane & OFF) != 0;
-#pragma unroll
-  for (int j = 0; j < OFF; ++j) {
-    const float lo = v[j], hi = v[j + OFF];
-    v[j] = sel(up, hi, lo) + __shfl_xor_sync(~0u, sel(up, lo, hi), OFF);
-  }
-}
-// Sums 32 values across the warp so that lane l ends with the total of index l.
-__device__ __forceinline__ float reduce_scatter32(float (&v)[32]) {
-  const int lane = threadIdx.x & 31;
-  rs_step<16>(v, lane);
-  rs_step<8>(v, lane);
-  rs_step<4>(v, lane);
-  rs_step<2>(v, lane);
-  rs_step<1>(v, lane);
-  return v[0];
-}
-
-// --- shrink consumer: t[p, r0 + rr] = A[v, r0 + rr, :] . x[token(p), :] for rr < 16 ------------
-// Lane l reads 16-byte vectors l, l + 32, ... of each row of a K-chunk. The x chunks of up to
-// kXPre members are copied to shared memory (cp.async) while the weights land. The 8 x 4 partial
-// sums of each 8-row half (rows x members) are reduced across the warp so that lane l holds
-// row l / 4 of that half for member l % 4: once per task with at most kXPre members (partials kept
-// over every K-chunk), else once per K-chunk and member pass.
+// --- shrink consumer: t[p, r0 + n] = A[v, r0 + n, :] . x[token(p), :] for n < 8 --------------
+// Tensor cores, A = x (16 members x k), B = the task's 8 rank rows (k x 8): per superstep one
+// 16-byte shared-memory load of each and two m16n8k16 steps; the accumulator gives lane (g, c)
+// rank rows 2c, 2c + 1 of member g, kept over every K-chunk and stored once as one 4-byte word:
+// no cross-lane reduction. The x rows of the group's first kXMembers members come with the
+// weights (the producer copies them into the stage); members past those (groups of more than 8
+// pairs: prefill) read x from global memory, 8 members per batch.
 template <typename T>
-__device__ void shrink_task(const Ctx& x, int vi, int64_t g, int c, int v, int r, int* ids,
-                            uint8_t* wbuf) {
+__device__ void shrink_task(const Ctx& x, const Round& rd, int64_t g, int c, int r, int* ids) {
   const KernelArgs& a = *x.a;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   const int64_t K = a.dim;
   const int r0 = c * a.tile, rows = min(a.tile, r - r0);
   const int count = (a.dbg & 2) ? 0 : load_members(a, g, ids);
-  const int nb = (count + kXPre - 1) / kXPre;
-  const bool fast = nb <= 1;
+  const int nb = (count + kXMembers - 1) / kXMembers;  // <= kStreamMaxBlock / 8
   const T* xg = static_cast<const T*>(a.in);
-  uint4* xb = reinterpret_cast<uint4*>(wbuf);  // [kXPre][kc / 8] vectors
-  const int srow = x.kc / 8;                   // vectors per shared-memory row
-  float acc[kStreamShrinkRows][kXPre];
-  constexpr int kHalves = kStreamShrinkRows / 8;  // 8 rows x 4 members = one 32-lane reduction
-  float out[kHalves][kStreamMaxBlock / kXPre];
+  constexpr int kB = kStreamMaxBlock / kXMembers;
+  constexpr int kPv = kPitch / 16;  // 16-byte vectors per stage row
+  float acc[kB][2];
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h)
+  for (int b = 0; b < kB; ++b) acc[b][0] = acc[b][1] = 0.f;
+  float ch[4][4];  // batch 0's accumulator chains
 #pragma unroll
-    for (int b = 0; b < kStreamMaxBlock / kXPre; ++b) out[h][b] = 0.f;
+  for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  // x rows of member gq of batches >= 1 (global memory)
+  int64_t xrow[kB];
 #pragma unroll
-  for (int rr = 0; rr < kStreamShrinkRows; ++rr)
-#pragma unroll
-    for (int m = 0; m < kXPre; ++m) acc[rr][m] = 0.f;
-  auto stage_x = [&](int b, int64_t k0, int nvec) {
-    const int mc = min(kXPre, count - b * kXPre);
-    for (int i = lane; i < mc * nvec; i += 32) {
-      const int m = i / nvec, q = i - m * nvec;
-      cp_async16(xb + m * srow + q,
-                 xg + static_cast<int64_t>(ids[b * kXPre + m] / a.k) * K + k0 + q * 8);
-    }
-  };
+  for (int b = 0; b < kB; ++b) {
+    const int m = b * kXMembers + gq;
+    xrow[b] = (b > 0 && m < count) ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
+  }
+  const bool have0 = gq < count;
 #pragma unroll 1
   for (int q = 0; q < x.pieces; ++q) {
-    const int64_t pos = static_cast<int64_t>(vi) * x.pieces + q;
+    const int64_t pos = rd.base + static_cast<int64_t>(q) * rd.n + rd.w;
     const int s = static_cast<int>(pos % x.L.stages);
     const int64_t k0 = static_cast<int64_t>(q) * x.kc;
     const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
-    __syncwarp();  // the previous chunk's readers of xb are done
-    if (nb > 0) stage_x(0, k0, nvec);
+    const int sup = (nvec + 3) / 4;
     wait_filled(x.issued, x.full + s, pos, x.L.stages);
-    cp_async_wait();
-    __syncwarp();
-    const uint4* st =
-        reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) * kStreamStageBytes);
+    const uint4* ws = reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) *
+                                                                  stream_stage_bytes(Op::kShrink));
+    const uint4* xs = ws + kStreamShrinkRows * kPv;
+    if (!(a.dbg & 1)) {
+      // Four accumulator chains (superstep j feeds chain j % 4, summed in a fixed order at the
+      // end): one chain would serialise the stage's 2 * sup dependent tensor-core steps.
 #pragma unroll 1
-    for (int b = 0; b < ((a.dbg & 1) ? 0 : nb); ++b) {
-      if (b > 0) {
-        __syncwarp();
-        stage_x(b, k0, nvec);
-        cp_async_wait();
-        __syncwarp();
-      }
-      const int mc = min(kXPre, count - b * kXPre);
-#pragma unroll 1
-      for (int vec = lane; vec < nvec; vec += 32) {
-        float xf[kXPre][8];
+      for (int j0 = 0; j0 < sup; j0 += 4) {
 #pragma unroll
-        for (int m = 0; m < kXPre; ++m)
-          to8<T>(m < mc ? xb[m * srow + vec] : make_uint4(0, 0, 0, 0), xf[m]);
-#pragma unroll
-        for (int rr = 0; rr < kStreamShrinkRows; ++rr) {
-          if (rr < rows) {
-            float wf[8];
-            to8<T>(st[rr * srow + vec], wf);
-#pragma unroll
-            for (int m = 0; m < kXPre; ++m) {
-              if (m < mc) {
-                float sum = acc[rr][m];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) sum = fmaf(wf[e], xf[m][e], sum);
-                acc[rr][m] = sum;
-              }
-            }
-          }
+        for (int u = 0; u < 4; ++u) {
+          const int vec = 4 * (j0 + u) + cq;
+          const bool in = j0 + u < sup && vec < nvec;
+          const uint4 w = in ? ws[gq * kPv + vec] : zero;
+          const uint4 xv = (in && have0) ? xs[gq * kPv + vec] : zero;
+          mma16816<T>(ch[u], xv.x, 0u, xv.y, 0u, w.x, w.y);
+          mma16816<T>(ch[u], xv.z, 0u, xv.w, 0u, w.z, w.w);
         }
       }
-      if (!fast) {
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          float flat[32];
-#pragma unroll
-          for (int j = 0; j < 32; ++j)
-            flat[j] = acc[8 * h + j / kXPre][j % kXPre], acc[8 * h + j / kXPre][j % kXPre] = 0.f;
-          const float sum = reduce_scatter32(flat);
-#pragma unroll
-          for (int bb = 0; bb < kStreamMaxBlock / kXPre; ++bb)
-            if (bb == b) out[h][bb] += sum;
+      for (int b = 1; b < kB; ++b) {
+        if (b < nb) {
+#pragma unroll 1
+          for (int j = 0; j < sup; ++j) {
+            const int vec = 4 * j + cq;
+            const bool in = vec < nvec;
+            const uint4 w = in ? ws[gq * kPv + vec] : zero;
+            const uint4 xv = (in && xrow[b] >= 0)
+                                 ? __ldg(reinterpret_cast<const uint4*>(xg + xrow[b] + k0) + vec)
+                                 : zero;
+            float d[4] = {acc[b][0], acc[b][1], 0.f, 0.f};
+            mma16816<T>(d, xv.x, 0u, xv.y, 0u, w.x, w.y);
+            mma16816<T>(d, xv.z, 0u, xv.w, 0u, w.z, w.w);
+            acc[b][0] = d[0], acc[b][1] = d[1];
+          }
         }
       }
     }
     __syncwarp();
     if (lane == 0) bar_arrive(x.empty + s);
   }
-  if (fast) {
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-      float flat[32];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) flat[j] = acc[8 * h + j / kXPre][j % kXPre];
-      out[h][0] = reduce_scatter32(flat);
-    }
-  }
+  acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
+  acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
   T* t = static_cast<T*>(a.out);
-  const int m = lane % kXPre;
+  const int n = 2 * cq;
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-    const int rr = 8 * h + lane / kXPre;
-    if (rr < rows) {
-#pragma unroll
-      for (int b = 0; b < kStreamMaxBlock / kXPre; ++b) {
-        const int mm = b * kXPre + m;
-        if (b < nb && mm < count)
-          t[static_cast<int64_t>(ids[mm]) * a.r_max + r0 + rr] = Cvt<T>::from(out[h][b]);
-      }
+  for (int b = 0; b < kB; ++b) {
+    const int m = b * kXMembers + gq;
+    if (b < nb && m < count && n < rows) {
+      T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
+      if (n + 1 < rows)
+        *reinterpret_cast<uint32_t*>(tp) = pack2<T>(acc[b][0], acc[b][1]);
+      else
+        *tp = Cvt<T>::from(acc[b][0]);
     }
   }
   __syncwarp();  // ids[] is rewritten by the next task
 }
 
-template <Op OP, typename T>
-__global__ void __launch_bounds__(stream_threads(OP), 1)
+// NT, SUP: expand's 8-row tiles per task and supersteps of r_max (see expand_task); shrink 0.
+template <Op OP, typename T, int NT, int SUP>
+__global__ void __launch_bounds__(32 * (stream_max_consumers(OP) + 1), 1)
     molora_lora_stream(KernelArgs a, int stages) {
   extern __shared__ __align__(128) uint8_t smem[];
   Ctx x;
@@ -542,46 +619,84 @@ __global__ void __launch_bounds__(stream_threads(OP), 1)
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
+  const int consumers = static_cast<int>(blockDim.x / 32) - 1;
   if (warp == 0) {
-    produce<OP, T>(x);
+    produce<OP, T>(x, consumers);
     return;
   }
   const int w = warp - 1;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
-  uint8_t* wbuf = smem + x.L.tbuf + static_cast<size_t>(w) * stream_warp_bytes(OP);
-  for_valid_tasks<OP>(x, [&](int vi, int64_t g, int c, int v, int r) {
-    if (vi % stream_consumers(OP) != w) return;
-    if (OP == Op::kExpand)
-      expand_task<T>(x, vi, g, c, v, r, ids, wbuf);
-    else
-      shrink_task<T>(x, vi, g, c, v, r, ids, wbuf);
-  });
+  int total = 0;  // shrink: valid tasks of this CTA (the last round's size)
+  if constexpr (OP == Op::kShrink)
+    for_valid_tasks<OP>(x, [&](int, int64_t, int, int, int) { ++total; });
+  if constexpr (OP == Op::kExpand) {
+    // This warp's tasks, the pair ids of the next one loaded while the current one runs.
+    TaskIter<OP> it(x);
+    auto next_mine = [&](Task& t) {
+      while (it.next(t))
+        if (t.vi % consumers == w) return true;
+      return false;
+    };
+    Task cur, nxt;
+    bool have = next_mine(cur);
+    int p = have ? block_entry(a, cur.g) : -1;
+    while (have) {
+      const bool have_n = next_mine(nxt);
+      const int pn = have_n ? block_entry(a, nxt.g) : -1;
+      expand_task<T, NT, SUP>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      cur = nxt, p = pn, have = have_n;
+    }
+  } else {
+    for_valid_tasks<OP>(x, [&](int vi, int64_t g, int c, int, int r) {
+      if (vi % consumers == w)
+        shrink_task<T>(x, shrink_round(vi, consumers, total, x.pieces), g, c, r, ids);
+    });
+  }
 }
 
-template <Op OP, typename T>
-Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_stream<OP, T>;
+template <Op OP, typename T, int NT, int SUP>
+Status launch_k(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  auto kern = molora_lora_stream<OP, T, NT, SUP>;
   const size_t smem = stream_layout(OP, plan.stages).total;
   static std::once_flag once;
   static cudaError_t attr = cudaSuccess;
   std::call_once(once, [&] {
     attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(stream_layout(OP, stream_stages(OP)).total));
+                                static_cast<int>(stream_layout(OP, stream_max_stages(OP)).total));
   });
   MOLORA_CUDA_CHECK(attr);
   KernelArgs k = a;
   static const int probe = static_cast<int>(get_setting_int("MOLORA_LORA_STREAM_PROBE", 0));
   k.dbg = probe;
-  kern<<<static_cast<unsigned>(plan.grid), stream_threads(OP), smem, stream>>>(k, plan.stages);
+  kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
+      k, plan.stages);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
+}
+
+// Expand's register tiles follow r_max: NT = stream_expand_tile(r_max) / 8, SUP = r_max / 32.
+template <Op OP, typename T>
+Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (plan.tile > stream_expand_tile(a.r_max) && OP == Op::kExpand)
+    return Status::InvalidArgument("stream expand tile " + std::to_string(plan.tile) + " is past " +
+                                   std::to_string(stream_expand_tile(a.r_max)));
+  if constexpr (OP == Op::kShrink) {
+    return launch_k<OP, T, 0, 0>(a, plan, stream);
+  } else {
+    static_assert(kStreamStageBytes / (2 * 16) == 512, "expand tiles: 512 rows up to r_max 16");
+    if (a.r_max <= 16) return launch_k<OP, T, 64, 1>(a, plan, stream);
+    if (a.r_max <= 32) return launch_k<OP, T, 32, 1>(a, plan, stream);
+    if (a.r_max <= 64) return launch_k<OP, T, 16, 2>(a, plan, stream);
+    return launch_k<OP, T, 8, 4>(a, plan, stream);
+  }
 }
 
 }  // namespace
 
 Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  if (plan.stages < 2 || plan.stages > stream_stages(op))
-    return Status::InvalidArgument("stream plan with " + std::to_string(plan.stages) + " stages");
+  if (!stream_shape_ok(op, plan.threads, plan.stages))
+    return Status::InvalidArgument("stream plan with " + std::to_string(plan.threads) +
+                                   " threads and " + std::to_string(plan.stages) + " stages");
   if (dt == DType::kBF16)
     return op == Op::kShrink ? launch_t<Op::kShrink, __nv_bfloat16>(a, plan, stream)
                              : launch_t<Op::kExpand, __nv_bfloat16>(a, plan, stream);
