@@ -289,9 +289,12 @@ TEST(LoraPlan, StreamKernelChoice) {
     q.num_tokens = 7;  // P = 56 < 64
     ASSERT_TRUE(plan(q, &pl, o).ok());
     EXPECT_EQ(pl.kernel, "grid");
-    q = pb, q.r_max = 16;
+    q = pb, q.r_max = 16;  // r_max < 32: stream from P = 1024
     ASSERT_TRUE(plan(q, &pl, o).ok());
     EXPECT_EQ(pl.kernel, "grid");
+    q.num_tokens = 128, q.sorted_len = 1024 + 1280 * 15;
+    ASSERT_TRUE(plan(q, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "stream");
     q = pb, q.block_size = 64, q.sorted_len = 512 + 1280 * 63;
     ASSERT_TRUE(plan(q, &pl, o).ok());
     EXPECT_EQ(pl.kernel, "grid");

@@ -95,8 +95,9 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
     """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" for
-    expand with aligned routing, block_size <= 32, r_max >= 32 and num_tokens * top_k >= 64,
-    else "grid"; pass ``kernel`` to force one; "stream" needs aligned and block_size <= 32),
+    expand with aligned routing, block_size <= 32 and num_tokens * top_k >= 64 (>= 1024 when
+    r_max < 32), else "grid"; pass ``kernel`` to force one; "stream" needs aligned routing and
+    block_size <= 32),
     ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
     expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
     ``stages`` (stream: shared-memory pipeline stages), ``chunks``, ``groups``, ``max_items``,

@@ -142,13 +142,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                    : P <= detail::kGroupCap ? detail::kModeGrouped
                                             : detail::kModePairs;
   // Kernel: the stream pipeline applies to aligned routing with blocks of <= 32 pairs. The
-  // planner takes it for expand with r_max >= 32 and P >= 64 pairs, where it measured faster
-  // than the grid kernel on the H200 (bench/NOTES.md "lora v0.5": N=6144 r=32 T=64 51 vs 78 us;
-  // at T=1, with r_max = 16 below T=128, and for shrink it was slower), else grid.
+  // planner takes it for expand with P >= 64 pairs at r_max >= 32 (P >= 1024 below), where it
+  // measured faster than the grid kernel on the H200 (bench/NOTES.md "lora v0.5": N=6144 r=32
+  // T=64 48.3 vs 78.3 us; N=2048 r=16 T=128 27.8 vs 33.5 us but T=64 21.1 vs 20.5; at T=1 and
+  // for shrink it was slower), else grid.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
   if (kernel.empty())
-    kernel = stream_ok && pb.op == Op::kExpand && pb.r_max >= 32 && P >= 64 ? "stream" : "grid";
+    kernel =
+        stream_ok && pb.op == Op::kExpand && P >= (pb.r_max >= 32 ? 64 : 1024) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)

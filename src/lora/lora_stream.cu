@@ -87,7 +87,7 @@ __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t
       if (clock64() - t0 > (1LL << 33)) __trap();
     }
   }
-  bar_wait(full, static_cast<uint32_t>((pos / stages) & 1));
+  bar_wait(full, (static_cast<uint32_t>(pos) / static_cast<uint32_t>(stages)) & 1u);
 }
 // One bulk copy global -> this CTA's shared memory, completing `bytes` on barrier b.
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* b,
@@ -215,9 +215,11 @@ __device__ void produce(const Ctx& x, int consumers) {
   // Waits for the stage of `pos` to be free, announces its bytes and issues its copies. Shrink:
   // lane `lane` also copies the x row of member xm (< 0: none) of token xtok; nx members in all.
   auto issue = [&](int64_t pos, int q, int c, int v, int r, int xm, int64_t xtok, int nx) {
-    const int s = static_cast<int>(pos % x.L.stages);
-    const int64_t n = pos / x.L.stages;
-    if (n > 0) bar_wait(x.empty + s, static_cast<uint32_t>((n - 1) & 1));
+    // Positions fit in 32 bits (a CTA's tasks x pieces < 2^31): 32-bit division.
+    const uint32_t up = static_cast<uint32_t>(pos), us = static_cast<uint32_t>(x.L.stages);
+    const int s = static_cast<int>(up % us);
+    const uint32_t n = up / us;
+    if (n > 0) bar_wait(x.empty + s, (n - 1) & 1u);
     uint8_t* dst = x.smem + static_cast<size_t>(s) * stream_stage_bytes(OP);
     if (OP == Op::kExpand) {
       const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
@@ -416,7 +418,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     keep[j] = vec < nv - 1 ? all : vec == nv - 1 ? tail : zero;
   }
   const int64_t pos = vi;  // expand: one piece per task
-  const int s = static_cast<int>(pos % x.L.stages);
+  const int s = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(x.L.stages));
   const uint4* st = reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) *
                                                                 stream_stage_bytes(Op::kExpand));
   const int batches = (a.dbg & 1) ? 0 : (count + 7) / 8;
@@ -520,7 +522,7 @@ __device__ void shrink_task(const Ctx& x, const Round& rd, int64_t g, int c, int
 #pragma unroll 1
   for (int q = 0; q < x.pieces; ++q) {
     const int64_t pos = rd.base + static_cast<int64_t>(q) * rd.n + rd.w;
-    const int s = static_cast<int>(pos % x.L.stages);
+    const int s = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(x.L.stages));
     const int64_t k0 = static_cast<int64_t>(q) * x.kc;
     const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
     const int sup = (nvec + 3) / 4;
