@@ -101,7 +101,6 @@ size_t smem_bytes(int mode, int64_t P, int block);
 // 8 -> 12 consumers 79.6 -> 69.2 us).
 constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
 constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 4; }
-constexpr int stream_threads(Op op) { return 32 * (stream_consumers(op) + 1); }
 constexpr int kStreamStageBytes = 16384;  // expand: weight bytes of one pipeline stage
 constexpr int kStreamMaxBlock = 32;       // pairs per align block the kernel takes
 constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the plan's tile)
@@ -130,6 +129,12 @@ inline bool stream_shape_ok(Op op, int threads, int stages) {
   return threads % 32 == 0 && threads >= 64 && threads <= 32 * (stream_max_consumers(op) + 1) &&
          stages >= 2 && stages <= stream_max_stages(op);
 }
+// A stream task's tile: shrink, kStreamShrinkRows rank rows; expand, a multiple of 32 rows that
+// fits one stage at r_max (the kernel's register tiles are sized for that).
+inline bool stream_tile_ok(Op op, int r_max, int tile) {
+  return op == Op::kShrink ? tile == kStreamShrinkRows
+                           : tile >= 32 && tile % 32 == 0 && tile <= stream_expand_tile(r_max);
+}
 // Shared-memory layout of one stream CTA (byte offsets; stages first).
 struct StreamLayout {
   int stages;
@@ -152,6 +157,7 @@ __host__ __device__
   l.total = o;
   return l;
 }
+// Launches a stream plan that run() has validated (stream_shape_ok, stream_tile_ok).
 Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 
 }  // namespace molora::lora::detail

@@ -226,12 +226,11 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     pl.source = "forced";
   }
   if (stream) {
-    if (pb.op == Op::kShrink && tile != detail::kStreamShrinkRows)
+    if (pb.op == Op::kShrink && !detail::stream_tile_ok(pb.op, pb.r_max, tile))
       return Status::InvalidArgument("stream shrink tile must be " +
                                      std::to_string(detail::kStreamShrinkRows) + ", got " +
                                      std::to_string(tile));
-    if (pb.op == Op::kExpand &&
-        (tile < 32 || tile % 32 != 0 || tile > detail::stream_expand_tile(pb.r_max)))
+    if (pb.op == Op::kExpand && !detail::stream_tile_ok(pb.op, pb.r_max, tile))
       return Status::InvalidArgument("stream expand tile must be a multiple of 32 in [32, " +
                                      std::to_string(detail::stream_expand_tile(pb.r_max)) +
                                      "], got " + std::to_string(tile));

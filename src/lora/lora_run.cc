@@ -99,14 +99,11 @@ Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStr
       plan_in->tile > 0 ? cdiv(pb.op == Op::kShrink ? pb.r_max : a.dim, plan_in->tile) : 0;
   const bool stream_plan = plan_in->kernel == "stream";
   const bool shape_ok =
-      stream_plan
-          ? (a.aligned && pb.block_size <= detail::kStreamMaxBlock &&
-             detail::stream_shape_ok(pb.op, plan_in->threads, plan_in->stages) &&
-             (pb.op == Op::kShrink ? plan_in->tile == detail::kStreamShrinkRows
-                                   : plan_in->tile % 32 == 0 &&
-                                         plan_in->tile <= detail::stream_expand_tile(pb.r_max)))
-          : (plan_in->kernel == "grid" && (plan_in->unroll == 4 || plan_in->unroll == 8) &&
-             !(a.mode == detail::kModeGrouped && a.P > detail::kGroupCap));
+      stream_plan ? (a.aligned && pb.block_size <= detail::kStreamMaxBlock &&
+                     detail::stream_shape_ok(pb.op, plan_in->threads, plan_in->stages) &&
+                     detail::stream_tile_ok(pb.op, pb.r_max, plan_in->tile))
+                  : (plan_in->kernel == "grid" && (plan_in->unroll == 4 || plan_in->unroll == 8) &&
+                     !(a.mode == detail::kModeGrouped && a.P > detail::kGroupCap));
   if (!shape_ok || plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
       plan_in->grid < 1)
     return Status::InvalidArgument(

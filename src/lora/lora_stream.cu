@@ -185,6 +185,12 @@ __device__ __forceinline__ void for_valid_tasks(const Ctx& x, F&& f) {
   while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
 }
 
+// This lane's entry of block g of the align output (-1 past the block or the used length).
+__device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
+  const int lane = threadIdx.x & 31;
+  const int64_t at = g * a.block + lane;
+  return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
+}
 // Ring positions. Expand: valid task i takes position i. Shrink (a task is `pieces` stages):
 // the valid tasks go in rounds of C = consumer warps, task i = round i / C, warp i % C, and the
 // round's pieces interleave, piece q of the round's w-th task at position
@@ -282,10 +288,7 @@ __device__ void produce(const Ctx& x, int consumers) {
 #pragma unroll
       for (int w = 0; w < kMaxShrinkConsumers; ++w) {  // the round's id loads, all in flight
         const int64_t g = __shfl_sync(~0u, my_g, w);
-        const int64_t at = g * a.block + lane;
-        p[w] = (w < n && !(a.dbg & 2) && lane < a.block && at < a.sorted_len)
-                   ? __ldg(a.rt.sorted_token_ids + at)
-                   : -1;
+        p[w] = (w < n && !(a.dbg & 2)) ? block_entry(a, g) : -1;
       }
 #pragma unroll
       for (int w = 0; w < kMaxShrinkConsumers; ++w) {
@@ -318,12 +321,6 @@ __device__ void produce(const Ctx& x, int consumers) {
   }
 }
 
-// This lane's entry of block g of the align output (-1 past the block or the used length).
-__device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
-  const int lane = threadIdx.x & 31;
-  const int64_t at = g * a.block + lane;
-  return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
-}
 // Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
 // count. Whole warp.
 __device__ __forceinline__ int compact_members(const KernelArgs& a, int p, int* ids) {
@@ -677,11 +674,9 @@ Status launch_k(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 }
 
 // Expand's register tiles follow r_max: NT = stream_expand_tile(r_max) / 8, SUP = r_max / 32.
+// run() (lora_run.cc) has checked the plan: stream_shape_ok, stream_tile_ok.
 template <Op OP, typename T>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  if (plan.tile > stream_expand_tile(a.r_max) && OP == Op::kExpand)
-    return Status::InvalidArgument("stream expand tile " + std::to_string(plan.tile) + " is past " +
-                                   std::to_string(stream_expand_tile(a.r_max)));
   if constexpr (OP == Op::kShrink) {
     return launch_k<OP, T, 0, 0>(a, plan, stream);
   } else {
@@ -696,9 +691,6 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 }  // namespace
 
 Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  if (!stream_shape_ok(op, plan.threads, plan.stages))
-    return Status::InvalidArgument("stream plan with " + std::to_string(plan.threads) +
-                                   " threads and " + std::to_string(plan.stages) + " stages");
   if (dt == DType::kBF16)
     return op == Op::kShrink ? launch_t<Op::kShrink, __nv_bfloat16>(a, plan, stream)
                              : launch_t<Op::kExpand, __nv_bfloat16>(a, plan, stream);
