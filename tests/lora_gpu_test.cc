@@ -159,11 +159,11 @@ TEST(LoraGpu, SeedLikeShapes) {
     }
 }
 
-// The stream kernel's edges (aligned routing): full 32-pair blocks (shrink past the 8 members
-// whose x rows travel in the stage, expand past 8 and 16 members of one tensor-core batch),
-// more slots than its shared-memory rank cache, K and N
-// that end in a partial K-chunk / tile, the largest dim, r_max 8 and 128, mixed ranks (per-row
-// copies, masked tails) and the block sizes on both sides of the stream/grid switch.
+// The stream kernel's edges (aligned routing): full 32-pair blocks (past 8, 16 and 24 members
+// of one tensor-core batch), more slots than its shared-memory rank cache, K and N that end in
+// a partial K-chunk / box / tile (shrink: a box partly past K arrives zero-filled), K < 256
+// (shrink copies row by row: no tensor map), the largest dim, r_max 8 and 128, mixed ranks
+// (per-row copies, masked tails) and the block sizes on both sides of the stream/grid switch.
 TEST(LoraGpu, StreamKernelEdges) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());

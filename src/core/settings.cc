@@ -36,7 +36,7 @@ const std::vector<SettingInfo>& registered_settings() {
        "LoRA kernel: empty = the planner's choice, grid or stream (aligned, block <= 32)"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
-       "copies"},
+       "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map)"},
       {"MOLORA_LORA_STREAM_CONSUMERS", "",
        "stream kernel consumer warps per CTA (tuning; empty = the planner's default)"},
       {"MOLORA_LORA_STREAM_STAGES", "",

@@ -92,42 +92,53 @@ constexpr int kThreads = 256;
 size_t smem_bytes(int mode, int64_t P, int block);
 
 // The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
-// Consumer warps (plus one producer warp). Their arithmetic runs on tensor cores. A CTA takes
-// up to stream_max_consumers(op); the planner's default is stream_consumers(op), and
-// MOLORA_LORA_STREAM_CONSUMERS overrides it (a tuning knob). Expand: 11 consumers + the
-// producer = 12 warps, 3 per SM sub-partition, so each thread may hold 168 registers (13 warps
-// would put 4 on one sub-partition's 16 Ki registers: 128 each, and the 64 y words of r_max <= 16
-// would spill). More consumers hide more of each task's dependent loads (H200, N=6144 T=64:
-// 8 -> 12 consumers 79.6 -> 69.2 us).
-constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
-constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 4; }
+// Expand: consumer warps plus one producer warp that fills a shared ring of stages. Shrink: every
+// warp feeds its own ring (no producer warp; see lora_stream.cu). The arithmetic runs on tensor
+// cores. A CTA takes up to stream_max_consumers(op) consumer warps; the planner's default is
+// stream_consumers(op), and MOLORA_LORA_STREAM_CONSUMERS overrides it (a tuning knob). Expand:
+// 11 consumers + the producer = 12 warps, 3 per SM sub-partition, so each thread may hold 168
+// registers (13 warps would put 4 on one sub-partition's 16 Ki registers: 128 each, and the 64 y
+// words of r_max <= 16 would spill). More consumers hide more of each task's dependent loads
+// (H200, N=6144 T=64: 8 -> 12 consumers 79.6 -> 69.2 us).
+constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 12; }
+constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
+// Threads of a stream CTA with `consumers` consumer warps (expand adds the producer warp).
+constexpr int stream_threads(Op op, int consumers) {
+  return 32 * (consumers + (op == Op::kExpand ? 1 : 0));
+}
 constexpr int kStreamStageBytes = 16384;  // expand: weight bytes of one pipeline stage
 constexpr int kStreamMaxBlock = 32;       // pairs per align block the kernel takes
 constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the plan's tile)
 constexpr int kStreamShrinkKc = 512;      // shrink: K columns per stage
-constexpr int kStreamShrinkXMembers = 8;  // shrink: members whose x rows travel in the stage
-// Shrink: bytes per stage row (weights, then x), padded by 64 so that rows g and g + 1 of one
-// shared-memory phase fall in different banks.
-constexpr int kStreamShrinkPitch = 2 * kStreamShrinkKc + 64;
+constexpr int kStreamShrinkBox = 256;     // shrink: K columns per bulk tensor copy (box)
 constexpr int kStreamSlots = 64;  // slots whose rank and scale live in shared memory
-// Bytes of one stage: expand, the weights of one task; shrink, 8 weight rows and 8 x rows.
+// Bytes of one stage: expand, the weights of one task; shrink, 8 rank rows x 512 columns, as
+// two boxes of 8 rows x 256 columns.
 constexpr int stream_stage_bytes(Op op) {
-  return op == Op::kExpand ? kStreamStageBytes
-                           : (kStreamShrinkRows + kStreamShrinkXMembers) * kStreamShrinkPitch;
+  return op == Op::kExpand ? kStreamStageBytes : kStreamShrinkRows * kStreamShrinkKc * 2;
 }
-// Pipeline stages: the default, and the most that fit in 227 KiB of shared memory
+// Pipeline stages: expand, the shared ring's; shrink, each warp's ring's. The default, and the
+// most that fit in 227 KiB of shared memory with `consumers` consumer warps
 // (MOLORA_LORA_STREAM_STAGES overrides the default within [2, max]).
-inline int stream_stages(Op) { return 12; }
-inline int stream_max_stages(Op op) { return (227 * 1024 - 4096) / stream_stage_bytes(op); }
+inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 3; }
+inline int stream_max_stages(Op op, int consumers) {
+  const int rings = op == Op::kExpand ? 1 : (consumers > 0 ? consumers : 1);
+  return (227 * 1024 - 4096) / (rings * stream_stage_bytes(op));
+}
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
 inline int stream_expand_tile(int r_max) {
   const int rows = kStreamStageBytes / (2 * r_max);
   return rows < 512 ? rows : 512;
 }
-// A stream launch's threads (whole warps: the producer and 1..max consumers) and stages.
+// The consumer warps of a stream launch of `threads` threads (whole warps).
+inline int stream_consumers_of(Op op, int threads) {
+  return threads / 32 - (op == Op::kExpand ? 1 : 0);
+}
+// A stream launch's threads (whole warps: 1..max consumers, plus expand's producer) and stages.
 inline bool stream_shape_ok(Op op, int threads, int stages) {
-  return threads % 32 == 0 && threads >= 64 && threads <= 32 * (stream_max_consumers(op) + 1) &&
-         stages >= 2 && stages <= stream_max_stages(op);
+  const int c = stream_consumers_of(op, threads);
+  return threads % 32 == 0 && c >= 1 && c <= stream_max_consumers(op) && stages >= 2 &&
+         stages <= stream_max_stages(op, c);
 }
 // A stream task's tile: shrink, kStreamShrinkRows rank rows; expand, a multiple of 32 rows that
 // fits one stage at r_max (the kernel's register tiles are sized for that).
@@ -135,7 +146,9 @@ inline bool stream_tile_ok(Op op, int r_max, int tile) {
   return op == Op::kShrink ? tile == kStreamShrinkRows
                            : tile >= 32 && tile % 32 == 0 && tile <= stream_expand_tile(r_max);
 }
-// Shared-memory layout of one stream CTA (byte offsets; stages first).
+// Shared-memory layout of one stream CTA (byte offsets; stages first). Expand: `stages` stages
+// and their full/empty barriers, the producer's issued counter. Shrink: `stages` stages and full
+// barriers per consumer warp (warp w's at index w * stages).
 struct StreamLayout {
   int stages;
   size_t full, empty, issued, ids, rank, scale, total;
@@ -144,12 +157,13 @@ struct StreamLayout {
 __host__ __device__
 #endif
     inline StreamLayout
-    stream_layout(Op op, int stages) {
+    stream_layout(Op op, int stages, int consumers) {
   StreamLayout l{};
   l.stages = stages;
-  size_t o = static_cast<size_t>(stages) * stream_stage_bytes(op);
-  l.full = o, o += 8 * static_cast<size_t>(stages);
-  l.empty = o, o += 8 * static_cast<size_t>(stages);
+  const size_t n = static_cast<size_t>(stages) * (op == Op::kExpand ? 1 : consumers);
+  size_t o = n * stream_stage_bytes(op);
+  l.full = o, o += 8 * n;
+  l.empty = o, o += op == Op::kExpand ? 8 * n : 0;
   l.issued = o, o += 16;
   l.ids = o, o += 4 * static_cast<size_t>(stream_max_consumers(op)) * kStreamMaxBlock;
   l.rank = o, o += 4 * kStreamSlots;

@@ -162,14 +162,19 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (stream) {  // consumer warps and stages: the defaults unless the tuning settings say
     const int64_t cons = get_setting_int("MOLORA_LORA_STREAM_CONSUMERS", 0);
     const int64_t stg = get_setting_int("MOLORA_LORA_STREAM_STAGES", 0);
-    pl.threads = 32 * (1 + static_cast<int>(cons > 0 ? cons : detail::stream_consumers(pb.op)));
-    pl.stages = static_cast<int>(stg > 0 ? stg : detail::stream_stages(pb.op));
+    const int c = static_cast<int>(
+        std::min<int64_t>(cons > 0 ? cons : detail::stream_consumers(pb.op), 1 << 20));
+    pl.threads = detail::stream_threads(pb.op, c);
+    pl.stages = static_cast<int>(std::min<int64_t>(stg > 0 ? stg : detail::stream_stages(pb.op),
+                                                   1 << 20));
     if (cons < 0 || !detail::stream_shape_ok(pb.op, pl.threads, pl.stages))
-      return Status::InvalidArgument("MOLORA_LORA_STREAM_CONSUMERS / _STAGES must be in [1, " +
-                                     std::to_string(detail::stream_max_consumers(pb.op)) +
-                                     "] / [2, " + std::to_string(detail::stream_max_stages(pb.op)) +
-                                     "], got " + std::to_string(cons) + " / " +
-                                     std::to_string(stg));
+      return Status::InvalidArgument(
+          std::string("MOLORA_LORA_STREAM_CONSUMERS / _STAGES must be in [1, ") +
+          std::to_string(detail::stream_max_consumers(pb.op)) + "] / [2, " +
+          std::to_string(detail::stream_max_stages(
+              pb.op, std::min(std::max(c, 1), detail::stream_max_consumers(pb.op)))) +
+          "]" + (pb.op == Op::kShrink ? " (shrink: stages per consumer warp)" : "") + ", got " +
+          std::to_string(cons) + " / " + std::to_string(stg));
   }
   pl.group_cap = mode == detail::kModeGrouped ? detail::kGroupCap : 0;
   pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
@@ -186,7 +191,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   int tile, unroll = 4;
   if (stream) {
     // One pipeline stage per task: expand, the N rows whose r_max-wide rows fill 16 KiB;
-    // shrink, 16 rank rows (the K-chunks of a task are its stages).
+    // shrink, 8 rank rows (the K-chunks of a task are its stages).
     tile = pb.op == Op::kShrink ? detail::kStreamShrinkRows : detail::stream_expand_tile(pb.r_max);
     unroll = 0;
   } else if (pb.op == Op::kShrink) {
@@ -255,7 +260,9 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                               " work items exceed one grid; use a larger tile");
   if (stream) {
     // One CTA per SM (the stages fill its shared memory), walking tasks grid-stride.
-    pl.smem_bytes = detail::stream_layout(pb.op, pl.stages).total;
+    pl.smem_bytes =
+        detail::stream_layout(pb.op, pl.stages, detail::stream_consumers_of(pb.op, pl.threads))
+            .total;
     pl.ctas_per_sm = 1;
     pl.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, sms)));
   } else {

@@ -1,28 +1,39 @@
-// The "stream" kernel of aligned routing (block size <= 32): a warp-specialised pipeline that
-// streams every weight byte of the call through a ring of shared-memory stages filled by bulk
-// asynchronous copies (cp.async.bulk, Hopper's TMA engine), so that the bytes in flight do not
-// depend on how many registers or threads the arithmetic needs.
+// The "stream" kernels of aligned routing (block size <= 32): warp-specialised pipelines that
+// stream every weight byte of the call through shared-memory stages filled by bulk asynchronous
+// copies (cp.async.bulk, Hopper's TMA engine), so that the bytes in flight do not depend on how
+// many registers or threads the arithmetic needs. One CTA per SM; the tasks of a CTA are
+// (group, chunk) items taken grid-stride, exactly as the grid kernel (lora.cu) numbers them.
+// Every warp walks the same list, reads the expert id of each task (one load per 32 tasks) and
+// keeps only the tasks that hold work (a valid virtual expert whose slot has rank > 0 and,
+// shrink, a rank row in the chunk), so every warp counts valid tasks identically without talking
+// to the others: valid task i belongs to consumer warp i % consumers.
 //
-// One CTA per SM. Warp 0 is the producer, warps 1..stream_consumers(op) the consumers. The CTA's
-// tasks are (group, chunk) items taken grid-stride, exactly as the grid kernel (lora.cu) numbers
-// them; every warp walks the same list, reads the expert id of each task (one load per 32 tasks)
-// and keeps only the tasks that hold work (a valid virtual expert whose slot has rank > 0 and,
-// shrink, a rank row in the chunk), so every warp counts valid tasks identically without
-// talking to the others:
-//   valid task i is consumed by consumer warp i % stream_consumers(op), and its pieces take ring
-//   positions i * pieces + q (stage = position % stages, phase = position / stages).
-// A piece is one stage: expand, `tile` rows of B[v] at r_s (one copy when r_s == r_max, else
-// one per row, so the bytes read follow r_s); shrink, the task's <= 16 rank rows of A[v] over
-// one K-chunk of kShrinkKc columns (one copy per row). The producer waits for the stage to be
-// released, announces its byte count on the stage's `full` barrier and issues the copies; the
-// consumer loads its task's pair ids and activations (t and y, or x) while the copy is in
-// flight, waits on `full`, computes from shared memory and releases the stage on `empty`.
+// Expand: warp 0 is a producer, warps 1..consumers consume. Valid task i (`tile` rows of B[v]
+// at r_s: one copy when r_s == r_max, else one per row, so the bytes read follow r_s) takes ring
+// position i (stage i % stages, phase i / stages). The producer waits for the stage to be
+// released, announces its byte count on the stage's `full` barrier and issues the copy; the
+// consumer loads its task's pair ids and activations (t and y) while the copy is in flight,
+// waits on `full`, computes from shared memory and releases the stage on `empty`.
+//
+// Shrink: no producer; every warp feeds a ring of its own (`stages` stages of 8 rank rows x 512
+// columns of A[v]: a task's K-chunks, then the next task's), issuing the copy of piece u + stages
+// right after it has computed piece u, and loads its x vectors from global memory (L2) while the
+// copy of the piece it waits for lands. Nothing is handed between warps, so a stage's turn-around
+// is one copy's latency: a producer warp serving several consumers through full/empty barriers
+// measured ~0.36 us per stage for the hand-offs alone (bench/NOTES.md "lora v0.6"). Full rows of
+// 8 go as two 2-D bulk tensor copies (boxes of 8 rows x 256 columns, one tensor map over A
+// viewed as [S*E*r_max, K]; columns past K arrive as zeros); rows past a slot's rank are not
+// read (the remainder rows of a chunk go as one copy per row and box).
+//
 // Every sum is taken in a fixed order and every output element written by one thread: the
 // result is the same bits run to run. Every wait is bounded: a lost arrival traps (a launch
 // error) instead of hanging the stream.
+#include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled types (no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 
+#include <cstring>
 #include <mutex>
 
 #include "core/cuda_util.h"
@@ -34,9 +45,8 @@ namespace molora::lora::detail {
 namespace {
 
 constexpr int kSlots = kStreamSlots;
-constexpr int kXMembers = kStreamShrinkXMembers;
-constexpr int kMaxShrinkConsumers = stream_max_consumers(Op::kShrink);
-constexpr int kPitch = kStreamShrinkPitch;  // shrink: bytes per row of a stage (weights and x)
+constexpr int kBox = kStreamShrinkBox;  // shrink: columns per box (256: 512 bytes per row)
+constexpr int kBoxBytes = kStreamShrinkRows * kBox * 2;
 
 // --- mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90) -------------------------------
 __device__ __forceinline__ uint32_t sa(const void* p) {
@@ -80,7 +90,7 @@ __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t
                                             int stages) {
   if (*issued <= pos) {
     // Short fixed sleeps: the wake-up delay adds to the stage's turn-around whenever the
-    // consumer is ahead of the producer (shrink's consumers usually are).
+    // consumer is ahead of the producer.
     const long long t0 = clock64();
     while (*issued <= pos) {
       __nanosleep(32);
@@ -110,6 +120,15 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
+}
+// One 2-D bulk tensor copy: the box at (column c0, row c1) of `map` into shared memory.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                       uint64_t* b, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(sa(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(sa(b)), "l"(policy)
+      : "memory");
 }
 
 struct Ctx {
@@ -191,134 +210,46 @@ __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
   const int64_t at = g * a.block + lane;
   return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
 }
-// Ring positions. Expand: valid task i takes position i. Shrink (a task is `pieces` stages):
-// the valid tasks go in rounds of C = consumer warps, task i = round i / C, warp i % C, and the
-// round's pieces interleave, piece q of the round's w-th task at position
-//   base(round) + q * n + w    (n = tasks in the round: C, or what is left in the last one),
-// so that the round's C consumers work side by side rather than one task filling the ring.
-struct Round {
-  int64_t base;
-  int n, w;
-};
-__device__ __forceinline__ Round shrink_round(int vi, int consumers, int total, int pieces) {
-  Round rd;
-  const int ro = vi / consumers;
-  rd.base = static_cast<int64_t>(ro) * consumers * pieces;
-  rd.n = min(consumers, total - ro * consumers);
-  rd.w = vi - ro * consumers;
-  return rd;
-}
-
-// --- producer -------------------------------------------------------------------------------
-template <Op OP, typename T>
-__device__ void produce(const Ctx& x, int consumers) {
+// --- expand producer ------------------------------------------------------------------------
+template <typename T>
+__device__ void produce(const Ctx& x) {
   const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31;
   const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
   const int R = a.r_max;
   const T* W = static_cast<const T*>(a.w);
-  const T* X = static_cast<const T*>(a.in);
-  // Waits for the stage of `pos` to be free, announces its bytes and issues its copies. Shrink:
-  // lane `lane` also copies the x row of member xm (< 0: none) of token xtok; nx members in all.
-  auto issue = [&](int64_t pos, int q, int c, int v, int r, int xm, int64_t xtok, int nx) {
-    // Positions fit in 32 bits (a CTA's tasks x pieces < 2^31): 32-bit division.
+  // Waits for the stage of `pos` to be free, announces its bytes and issues its copies.
+  auto issue = [&](int64_t pos, int c, int v, int r) {
+    // Positions fit in 32 bits (a CTA's tasks < 2^31): 32-bit division.
     const uint32_t up = static_cast<uint32_t>(pos), us = static_cast<uint32_t>(x.L.stages);
     const int s = static_cast<int>(up % us);
     const uint32_t n = up / us;
     if (n > 0) bar_wait(x.empty + s, (n - 1) & 1u);
-    uint8_t* dst = x.smem + static_cast<size_t>(s) * stream_stage_bytes(OP);
-    if (OP == Op::kExpand) {
-      const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
-      const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
-      const int r8 = (r + 7) / 8 * 8;
-      const T* src = W + (static_cast<int64_t>(v) * N + n0) * R;
-      if (a.dbg & 4) {
-        if (lane == 0) bar_arrive(x.full + s);
-      } else if (lane == 0) {
-        bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
-      }
-      __syncwarp();
-      if (a.dbg & 4) {
-      } else if (r8 == R) {
-        if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
-      } else {
-        for (int j = lane; j < rows; j += 32)
-          bulk_g2s(dst + static_cast<size_t>(j) * r8 * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
-                   x.full + s, pol);
-      }
+    uint8_t* dst = x.smem + static_cast<size_t>(s) * stream_stage_bytes(Op::kExpand);
+    const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
+    const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
+    const int r8 = (r + 7) / 8 * 8;
+    const T* src = W + (static_cast<int64_t>(v) * N + n0) * R;
+    if (a.dbg & 4) {
+      if (lane == 0) bar_arrive(x.full + s);
+    } else if (lane == 0) {
+      bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
+    }
+    __syncwarp();
+    if (a.dbg & 4) {
+    } else if (r8 == R) {
+      if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
     } else {
-      const int64_t K = a.dim, k0 = static_cast<int64_t>(q) * x.kc;
-      const int cols = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0));
-      const int r0 = c * a.tile;
-      const int rows = min(a.tile, r - r0);
-      const T* src = W + (static_cast<int64_t>(v) * R + r0) * K + k0;
-      if (a.dbg & 4) {
-        if (lane == 0) bar_arrive(x.full + s);
-      } else if (lane == 0) {
-        bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows + nx) * cols * 2);
-      }
-      __syncwarp();
-      if (!(a.dbg & 4)) {
-        if (lane < rows)
-          bulk_g2s(dst + static_cast<size_t>(lane) * kPitch, src + static_cast<int64_t>(lane) * K,
-                   cols * 2, x.full + s, pol);
-        if (xm >= 0)  // x is read by every task of the group: default L2 policy
-          bulk_g2s(dst + static_cast<size_t>(kStreamShrinkRows + xm) * kPitch, X + xtok * K + k0,
-                   cols * 2, x.full + s, 0);
-      }
+      for (int j = lane; j < rows; j += 32)
+        bulk_g2s(dst + static_cast<size_t>(j) * r8 * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
+                 x.full + s, pol);
     }
     if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
       __threadfence_block();
       *x.issued = static_cast<int>(pos + 1);
     }
   };
-  if constexpr (OP == Op::kExpand) {
-    for_valid_tasks<OP>(
-        x, [&](int vi, int64_t, int c, int v, int r) { issue(vi, 0, c, v, r, -1, 0, 0); });
-  } else {
-    // Shrink: a round's tasks are kept one per lane (lane w: task w), then issued interleaved.
-    // The x rows of each task's first kXMembers members travel with the weights: lane l copies
-    // member xm's row, members in ascending block order (as load_members).
-    int64_t my_g = 0, base = 0;
-    int my_c = 0, my_v = 0, my_r = 0, cnt = 0;
-    auto flush = [&](int n) {
-      int xm[kMaxShrinkConsumers], nx[kMaxShrinkConsumers];
-      int64_t xtok[kMaxShrinkConsumers];
-      int p[kMaxShrinkConsumers];
-#pragma unroll
-      for (int w = 0; w < kMaxShrinkConsumers; ++w) {  // the round's id loads, all in flight
-        const int64_t g = __shfl_sync(~0u, my_g, w);
-        p[w] = (w < n && !(a.dbg & 2)) ? block_entry(a, g) : -1;
-      }
-#pragma unroll
-      for (int w = 0; w < kMaxShrinkConsumers; ++w) {
-        const bool ok = p[w] >= 0 && p[w] < a.P;
-        const unsigned bal = __ballot_sync(~0u, ok);
-        const int idx = __popc(bal & ((1u << lane) - 1u));
-        xm[w] = (ok && idx < kXMembers) ? idx : -1;
-        xtok[w] = ok ? p[w] / a.k : 0;
-        nx[w] = min(__popc(bal), kXMembers);
-      }
-#pragma unroll 1
-      for (int q = 0; q < x.pieces; ++q)
-#pragma unroll 1
-        for (int w = 0; w < n; ++w) {
-          int xmw = -1, nxw = 0;
-          int64_t xtw = 0;
-#pragma unroll
-          for (int u = 0; u < kMaxShrinkConsumers; ++u)
-            if (u == w) xmw = xm[u], nxw = nx[u], xtw = xtok[u];
-          issue(base + static_cast<int64_t>(q) * n + w, q, __shfl_sync(~0u, my_c, w),
-                __shfl_sync(~0u, my_v, w), __shfl_sync(~0u, my_r, w), xmw, xtw, nxw);
-        }
-      base += static_cast<int64_t>(x.pieces) * n;
-    };
-    for_valid_tasks<OP>(x, [&](int, int64_t g, int c, int v, int r) {
-      if (lane == cnt) my_g = g, my_c = c, my_v = v, my_r = r;
-      if (++cnt == consumers) flush(cnt), cnt = 0;
-    });
-    if (cnt > 0) flush(cnt);
-  }
+  for_valid_tasks<Op::kExpand>(x, [&](int vi, int64_t, int c, int v, int r) { issue(vi, c, v, r); });
 }
 
 // Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
@@ -331,11 +262,6 @@ __device__ __forceinline__ int compact_members(const KernelArgs& a, int p, int* 
   __syncwarp();
   return __popc(bal);
 }
-// Loads this task's pair ids (block g) into ids[], ascending; returns the count. Whole warp.
-__device__ __forceinline__ int load_members(const KernelArgs& a, int64_t g, int* ids) {
-  return compact_members(a, block_entry(a, g), ids);
-}
-
 __device__ __forceinline__ uint4 mask4(uint4 v, const uint4& keep) {
   v.x &= keep.x, v.y &= keep.y, v.z &= keep.z, v.w &= keep.w;
   return v;
@@ -483,114 +409,209 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
   if (lane == 0) bar_arrive(x.empty + s);
 }
 
-// --- shrink consumer: t[p, r0 + n] = A[v, r0 + n, :] . x[token(p), :] for n < 8 --------------
-// Tensor cores, A = x (16 members x k), B = the task's 8 rank rows (k x 8): per superstep one
-// 16-byte shared-memory load of each and two m16n8k16 steps; the accumulator gives lane (g, c)
-// rank rows 2c, 2c + 1 of member g, kept over every K-chunk and stored once as one 4-byte word:
-// no cross-lane reduction. The x rows of the group's first kXMembers members come with the
-// weights (the producer copies them into the stage); members past those (groups of more than 8
-// pairs: prefill) read x from global memory, 8 members per batch.
+// --- shrink: t[p, r0 + n] = A[v, r0 + n, :] . x[token(p), :] for n < 8, per-warp rings ------
+// Tensor cores, A = x (8 members of a batch in rows 0..7, rows 8..15 zero), B = the task's 8
+// rank rows (k x 8): per superstep one 16-byte shared-memory load of the weights and two m16n8k16
+// steps; the accumulator gives lane (g, c) rank rows 2c, 2c + 1 of member g, kept over every
+// K-chunk and stored once as one 4-byte word: no cross-lane reduction. A stage is two boxes of
+// 8 rows x 256 columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte
+// vector (vec / 32) * 256 + g * 32 + vec % 32. Batch 0's x vectors (members 0..7) are loaded
+// from global memory before the wait for the piece; members past 8 (prefill) read x inline, 8
+// members per batch.
 template <typename T>
-__device__ void shrink_task(const Ctx& x, const Round& rd, int64_t g, int c, int r, int* ids) {
-  const KernelArgs& a = *x.a;
-  const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
-  const int64_t K = a.dim;
-  const int r0 = c * a.tile, rows = min(a.tile, r - r0);
-  const int count = (a.dbg & 2) ? 0 : load_members(a, g, ids);
-  const int nb = (count + kXMembers - 1) / kXMembers;  // <= kStreamMaxBlock / 8
-  const T* xg = static_cast<const T*>(a.in);
-  constexpr int kB = kStreamMaxBlock / kXMembers;
-  constexpr int kPv = kPitch / 16;  // 16-byte vectors per stage row
-  float acc[kB][2];
-#pragma unroll
-  for (int b = 0; b < kB; ++b) acc[b][0] = acc[b][1] = 0.f;
-  float ch[4][4];  // batch 0's accumulator chains
-#pragma unroll
-  for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  // x rows of member gq of batches >= 1 (global memory)
-  int64_t xrow[kB];
-#pragma unroll
-  for (int b = 0; b < kB; ++b) {
-    const int m = b * kXMembers + gq;
-    xrow[b] = (b > 0 && m < count) ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
-  }
-  const bool have0 = gq < count;
-#pragma unroll 1
-  for (int q = 0; q < x.pieces; ++q) {
-    const int64_t pos = rd.base + static_cast<int64_t>(q) * rd.n + rd.w;
-    const int s = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(x.L.stages));
-    const int64_t k0 = static_cast<int64_t>(q) * x.kc;
-    const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
-    const int sup = (nvec + 3) / 4;
-    wait_filled(x.issued, x.full + s, pos, x.L.stages);
-    const uint4* ws = reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) *
-                                                                  stream_stage_bytes(Op::kShrink));
-    const uint4* xs = ws + kStreamShrinkRows * kPv;
-    if (!(a.dbg & 1)) {
-      // Four accumulator chains (superstep j feeds chain j % 4, summed in a fixed order at the
-      // end): one chain would serialise the stage's 2 * sup dependent tensor-core steps.
-#pragma unroll 1
-      for (int j0 = 0; j0 < sup; j0 += 4) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int vec = 4 * (j0 + u) + cq;
-          const bool in = j0 + u < sup && vec < nvec;
-          const uint4 w = in ? ws[gq * kPv + vec] : zero;
-          const uint4 xv = (in && have0) ? xs[gq * kPv + vec] : zero;
-          mma16816<T>(ch[u], xv.x, 0u, xv.y, 0u, w.x, w.y);
-          mma16816<T>(ch[u], xv.z, 0u, xv.w, 0u, w.z, w.w);
-        }
-      }
-#pragma unroll
-      for (int b = 1; b < kB; ++b) {
-        if (b < nb) {
-#pragma unroll 1
-          for (int j = 0; j < sup; ++j) {
-            const int vec = 4 * j + cq;
-            const bool in = vec < nvec;
-            const uint4 w = in ? ws[gq * kPv + vec] : zero;
-            const uint4 xv = (in && xrow[b] >= 0)
-                                 ? __ldg(reinterpret_cast<const uint4*>(xg + xrow[b] + k0) + vec)
-                                 : zero;
-            float d[4] = {acc[b][0], acc[b][1], 0.f, 0.f};
-            mma16816<T>(d, xv.x, 0u, xv.y, 0u, w.x, w.y);
-            mma16816<T>(d, xv.z, 0u, xv.w, 0u, w.z, w.w);
-            acc[b][0] = d[0], acc[b][1] = d[1];
-          }
-        }
-      }
-    }
-    __syncwarp();
-    if (lane == 0) bar_arrive(x.empty + s);
-  }
-  acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
-  acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
-  T* t = static_cast<T*>(a.out);
-  const int n = 2 * cq;
-#pragma unroll
-  for (int b = 0; b < kB; ++b) {
-    const int m = b * kXMembers + gq;
-    if (b < nb && m < count && n < rows) {
-      T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
-      if (n + 1 < rows)
-        *reinterpret_cast<uint32_t*>(tp) = pack2<T>(acc[b][0], acc[b][1]);
-      else
-        *tp = Cvt<T>::from(acc[b][0]);
-    }
-  }
-  __syncwarp();  // ids[] is rewritten by the next task
-}
-
-// NT, SUP: expand's 8-row tiles per task and supersteps of r_max (see expand_task); shrink 0.
-template <Op OP, typename T, int NT, int SUP>
-__global__ void __launch_bounds__(32 * (stream_max_consumers(OP) + 1), 1)
-    molora_lora_stream(KernelArgs a, int stages) {
+__global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
+    molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
+                       int use_map) {
   extern __shared__ __align__(128) uint8_t smem[];
+  const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   Ctx x;
   x.a = &a;
   x.smem = smem;
-  x.L = stream_layout(OP, stages);
+  x.L = stream_layout(Op::kShrink, stages, W);
+  x.full = reinterpret_cast<uint64_t*>(smem + x.L.full);
+  x.empty = nullptr;
+  x.issued = nullptr;
+  int* s_rank = reinterpret_cast<int*>(smem + x.L.rank);
+  x.rank = s_rank;
+  x.scale = nullptr;
+  x.V = a.S * a.E;
+  const int64_t K = a.dim;
+  x.kc = static_cast<int>(min(K, static_cast<int64_t>(kStreamShrinkKc)));
+  x.pieces = static_cast<int>((K + x.kc - 1) / x.kc);
+  int64_t used = __ldg(a.rt.num_tokens_post_pad);
+  used = max(int64_t{0}, min(used, a.sorted_len));
+  const int64_t n_tasks = used / a.block * a.chunks;
+  x.my_tasks = n_tasks > blockIdx.x ? (n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if (a.S <= kSlots)
+    for (int s = threadIdx.x; s < a.S; s += blockDim.x)
+      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < W * stages; ++s) bar_init(x.full + s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  constexpr int kStage = stream_stage_bytes(Op::kShrink);
+  uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
+  uint64_t* full = x.full + w * stages;
+  int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
+  const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
+  const T* A = static_cast<const T*>(a.w);
+  const T* X = static_cast<const T*>(a.in);
+  const int R = a.r_max;
+  const bool boxes_ok = use_map != 0 && !(a.dbg & 16);
+  auto next_mine = [&](TaskIter<Op::kShrink>& it, Task& t) {
+    while (it.next(t))
+      if (t.vi % W == w) return true;
+    return false;
+  };
+
+  // Issue side: this warp's pieces in order (task by task, K-chunk by K-chunk), `stages` ahead.
+  TaskIter<Op::kShrink> iss(x);
+  Task it_t;
+  bool it_have = next_mine(iss, it_t);
+  int it_q = 0;
+  uint32_t n_issued = 0;
+  auto issue_next = [&]() {
+    if (!it_have) return;
+    const uint32_t s = n_issued % static_cast<uint32_t>(stages);
+    uint8_t* dst = ring + static_cast<size_t>(s) * kStage;
+    uint64_t* b = full + s;
+    const int64_t k0 = static_cast<int64_t>(it_q) * x.kc;
+    const int cols = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0));
+    const int nbox = (cols + kBox - 1) / kBox;
+    const int r0 = it_t.c * kStreamShrinkRows, rows = min(kStreamShrinkRows, it_t.r - r0);
+    const int64_t row0 = static_cast<int64_t>(it_t.v) * R + r0;
+    const bool boxes = boxes_ok && rows == kStreamShrinkRows;
+    if (a.dbg & 4) {
+      if (lane == 0) bar_arrive(b);
+    } else {
+      if (lane == 0)
+        bar_arrive_tx(b, boxes ? static_cast<uint32_t>(nbox * kBoxBytes)
+                               : static_cast<uint32_t>(rows * cols * 2));
+      __syncwarp();
+      if (boxes) {  // columns past K arrive as zeros (and count in the box's bytes)
+        if (lane < nbox)
+          tma_2d(dst + lane * kBoxBytes, &map, static_cast<int>(k0) + lane * kBox,
+                 static_cast<int>(row0), b, pol);
+      } else if (lane < rows * nbox) {  // one copy per row and box (rows * nbox <= 16)
+        const int row = lane / nbox, bx = lane - row * nbox;
+        const int cb = min(kBox, cols - bx * kBox);
+        bulk_g2s(dst + bx * kBoxBytes + row * kBox * 2, A + (row0 + row) * K + k0 + bx * kBox,
+                 static_cast<uint32_t>(cb) * 2, b, pol);
+      }
+    }
+    ++n_issued;
+    if (++it_q == x.pieces) it_q = 0, it_have = next_mine(iss, it_t);
+  };
+  for (int i = 0; i < stages; ++i) issue_next();
+
+  // Compute side: the same pieces in the same order; the next task's pair ids loaded ahead.
+  constexpr int kB = kStreamMaxBlock / 8;     // batches of 8 members
+  constexpr int kSup = kStreamShrinkKc / 32;  // supersteps of one piece
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint32_t n_done = 0;
+  TaskIter<Op::kShrink> cmp(x);
+  Task cur, nxt;
+  bool have = next_mine(cmp, cur);
+  int p = have ? block_entry(a, cur.g) : -1;
+  while (have) {
+    const bool have_n = next_mine(cmp, nxt);
+    const int pn = have_n ? block_entry(a, nxt.g) : -1;
+    const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
+    const int nb = (count + 7) / 8;
+    const int r0 = cur.c * kStreamShrinkRows, rows = min(kStreamShrinkRows, cur.r - r0);
+    int64_t xrow[kB];  // x row of member 8 b + gq (-1: none)
+#pragma unroll
+    for (int bt = 0; bt < kB; ++bt) {
+      const int m = bt * 8 + gq;
+      xrow[bt] = m < count ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
+    }
+    float acc[kB][2];
+#pragma unroll
+    for (int bt = 0; bt < kB; ++bt) acc[bt][0] = acc[bt][1] = 0.f;
+    float ch[4][4];  // batch 0's accumulator chains (superstep j feeds chain j % 4)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
+#pragma unroll 1
+    for (int q = 0; q < x.pieces; ++q) {
+      const int64_t k0 = static_cast<int64_t>(q) * x.kc;
+      const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
+      const bool math = !(a.dbg & 1);
+      uint4 xv[kSup];
+#pragma unroll
+      for (int j = 0; j < kSup; ++j) {
+        const int vec = 4 * j + cq;
+        xv[j] = (math && xrow[0] >= 0 && vec < nvec)
+                    ? __ldg(reinterpret_cast<const uint4*>(X + xrow[0] + k0) + vec)
+                    : zero;
+      }
+      const uint32_t s = n_done % static_cast<uint32_t>(stages);
+      bar_wait(full + s, (n_done / static_cast<uint32_t>(stages)) & 1u);
+      const uint4* ws = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(s) * kStage);
+      if (math) {
+#pragma unroll
+        for (int j = 0; j < kSup; ++j) {
+          const int vec = 4 * j + cq;
+          const uint4 wv = vec < nvec ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+          mma16816<T>(ch[j & 3], xv[j].x, 0u, xv[j].y, 0u, wv.x, wv.y);
+          mma16816<T>(ch[j & 3], xv[j].z, 0u, xv[j].w, 0u, wv.z, wv.w);
+        }
+#pragma unroll
+        for (int bt = 1; bt < kB; ++bt) {
+          if (bt < nb) {
+#pragma unroll 1
+            for (int j = 0; j < kSup; ++j) {
+              const int vec = 4 * j + cq;
+              const bool in = vec < nvec;
+              const uint4 wv = in ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+              const uint4 xb =
+                  (in && xrow[bt] >= 0)
+                      ? __ldg(reinterpret_cast<const uint4*>(X + xrow[bt] + k0) + vec)
+                      : zero;
+              float d[4] = {acc[bt][0], acc[bt][1], 0.f, 0.f};
+              mma16816<T>(d, xb.x, 0u, xb.y, 0u, wv.x, wv.y);
+              mma16816<T>(d, xb.z, 0u, xb.w, 0u, wv.z, wv.w);
+              acc[bt][0] = d[0], acc[bt][1] = d[1];
+            }
+          }
+        }
+      }
+      __syncwarp();  // every lane is done with the stage: refill it
+      ++n_done;
+      issue_next();
+    }
+    acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
+    acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
+    T* t = static_cast<T*>(a.out);
+    const int n = 2 * cq;
+#pragma unroll
+    for (int bt = 0; bt < kB; ++bt) {
+      const int m = bt * 8 + gq;
+      if (bt < nb && m < count && n < rows) {
+        T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
+        if (n + 1 < rows)
+          *reinterpret_cast<uint32_t*>(tp) = pack2<T>(acc[bt][0], acc[bt][1]);
+        else
+          *tp = Cvt<T>::from(acc[bt][0]);
+      }
+    }
+    __syncwarp();  // ids[] is rewritten by the next task
+    cur = nxt, p = pn, have = have_n;
+  }
+}
+
+// --- expand kernel ----------------------------------------------------------------------------
+// NT, SUP: expand's 8-row tiles per task and supersteps of r_max (see expand_task).
+template <typename T, int NT, int SUP>
+__global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
+    molora_lora_expand(KernelArgs a, int stages) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int consumers = static_cast<int>(blockDim.x / 32) - 1;
+  Ctx x;
+  x.a = &a;
+  x.smem = smem;
+  x.L = stream_layout(Op::kExpand, stages, consumers);
   x.full = reinterpret_cast<uint64_t*>(smem + x.L.full);
   x.empty = reinterpret_cast<uint64_t*>(smem + x.L.empty);
   x.issued = reinterpret_cast<volatile int*>(smem + x.L.issued);
@@ -599,9 +620,8 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(OP) + 1), 1)
   x.rank = s_rank;
   x.scale = s_scale;
   x.V = a.S * a.E;
-  x.kc =
-      OP == Op::kShrink ? static_cast<int>(min(a.dim, static_cast<int64_t>(kStreamShrinkKc))) : 0;
-  x.pieces = OP == Op::kShrink ? static_cast<int>((a.dim + x.kc - 1) / x.kc) : 1;
+  x.kc = 0;
+  x.pieces = 1;
   int64_t used = __ldg(a.rt.num_tokens_post_pad);
   used = max(int64_t{0}, min(used, a.sorted_len));
   const int64_t n_tasks = used / a.block * a.chunks;
@@ -609,7 +629,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(OP) + 1), 1)
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x) {
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
-      s_scale[s] = (OP == Op::kExpand && a.scales != nullptr) ? __ldg(a.scales + s) : 0.f;
+      s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
     }
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) bar_init(x.full + s, 1), bar_init(x.empty + s, 1);
@@ -618,57 +638,114 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(OP) + 1), 1)
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
-  const int consumers = static_cast<int>(blockDim.x / 32) - 1;
   if (warp == 0) {
-    produce<OP, T>(x, consumers);
+    produce<T>(x);
     return;
   }
   const int w = warp - 1;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
-  int total = 0;  // shrink: valid tasks of this CTA (the last round's size)
-  if constexpr (OP == Op::kShrink)
-    for_valid_tasks<OP>(x, [&](int, int64_t, int, int, int) { ++total; });
-  if constexpr (OP == Op::kExpand) {
-    // This warp's tasks, the pair ids of the next one loaded while the current one runs.
-    TaskIter<OP> it(x);
-    auto next_mine = [&](Task& t) {
-      while (it.next(t))
-        if (t.vi % consumers == w) return true;
-      return false;
-    };
-    Task cur, nxt;
-    bool have = next_mine(cur);
-    int p = have ? block_entry(a, cur.g) : -1;
-    while (have) {
-      const bool have_n = next_mine(nxt);
-      const int pn = have_n ? block_entry(a, nxt.g) : -1;
-      expand_task<T, NT, SUP>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
-      cur = nxt, p = pn, have = have_n;
-    }
-  } else {
-    for_valid_tasks<OP>(x, [&](int vi, int64_t g, int c, int, int r) {
-      if (vi % consumers == w)
-        shrink_task<T>(x, shrink_round(vi, consumers, total, x.pieces), g, c, r, ids);
-    });
+  // This warp's tasks, the pair ids of the next one loaded while the current one runs.
+  TaskIter<Op::kExpand> it(x);
+  auto next_mine = [&](Task& t) {
+    while (it.next(t))
+      if (t.vi % consumers == w) return true;
+    return false;
+  };
+  Task cur, nxt;
+  bool have = next_mine(cur);
+  int p = have ? block_entry(a, cur.g) : -1;
+  while (have) {
+    const bool have_n = next_mine(nxt);
+    const int pn = have_n ? block_entry(a, nxt.g) : -1;
+    expand_task<T, NT, SUP>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+    cur = nxt, p = pn, have = have_n;
   }
 }
 
-template <Op OP, typename T, int NT, int SUP>
-Status launch_k(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_stream<OP, T, NT, SUP>;
-  const size_t smem = stream_layout(OP, plan.stages).total;
+int probe_bits() {
+  static const int probe = static_cast<int>(get_setting_int("MOLORA_LORA_STREAM_PROBE", 0));
+  return probe;
+}
+
+template <typename T, int NT, int SUP>
+Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  auto kern = molora_lora_expand<T, NT, SUP>;
+  const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
+  const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
   static std::once_flag once;
   static cudaError_t attr = cudaSuccess;
   std::call_once(once, [&] {
-    attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(stream_layout(OP, stream_max_stages(OP)).total));
+    attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
   });
   MOLORA_CUDA_CHECK(attr);
   KernelArgs k = a;
-  static const int probe = static_cast<int>(get_setting_int("MOLORA_LORA_STREAM_PROBE", 0));
-  k.dbg = probe;
+  k.dbg = probe_bits();
   kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
       k, plan.stages);
+  MOLORA_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements, boxes of 8 rows x
+// 256 columns); false where it cannot be made (K < 256, or a driver without the entry point):
+// the kernel then copies row by row. The last call's map is kept per thread (the weights of a
+// layer rarely move between calls).
+bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
+  if (a.dim < kBox) return false;
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  if (fn == nullptr) return false;
+  struct Last {
+    const void* w = nullptr;
+    int64_t dim = 0, rows = 0;
+    CUtensorMap map;
+  };
+  static thread_local Last last;
+  const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
+  if (last.w == a.w && last.dim == a.dim && last.rows == rows) {
+    *out = last.map;
+    return true;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
+  const cuuint32_t box[2] = {kBox, kStreamShrinkRows};
+  const cuuint32_t es[2] = {1, 1};
+  CUtensorMap m;
+  if (fn(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides, box, es,
+         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  last.w = a.w, last.dim = a.dim, last.rows = rows, last.map = m;
+  *out = m;
+  return true;
+}
+
+template <typename T>
+Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  auto kern = molora_lora_shrink<T>;
+  const int warps = stream_consumers_of(Op::kShrink, plan.threads);
+  const size_t smem = stream_layout(Op::kShrink, plan.stages, warps).total;
+  static std::once_flag once;
+  static cudaError_t attr = cudaSuccess;
+  std::call_once(once, [&] {
+    attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  });
+  MOLORA_CUDA_CHECK(attr);
+  KernelArgs k = a;
+  k.dbg = probe_bits();
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const int use_map = shrink_map(a, &map) ? 1 : 0;
+  kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
+      k, plan.stages, map, use_map);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -678,13 +755,13 @@ Status launch_k(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 template <Op OP, typename T>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if constexpr (OP == Op::kShrink) {
-    return launch_k<OP, T, 0, 0>(a, plan, stream);
+    return launch_shrink<T>(a, plan, stream);
   } else {
     static_assert(kStreamStageBytes / (2 * 16) == 512, "expand tiles: 512 rows up to r_max 16");
-    if (a.r_max <= 16) return launch_k<OP, T, 64, 1>(a, plan, stream);
-    if (a.r_max <= 32) return launch_k<OP, T, 32, 1>(a, plan, stream);
-    if (a.r_max <= 64) return launch_k<OP, T, 16, 2>(a, plan, stream);
-    return launch_k<OP, T, 8, 4>(a, plan, stream);
+    if (a.r_max <= 16) return launch_expand<T, 64, 1>(a, plan, stream);
+    if (a.r_max <= 32) return launch_expand<T, 32, 1>(a, plan, stream);
+    if (a.r_max <= 64) return launch_expand<T, 16, 2>(a, plan, stream);
+    return launch_expand<T, 8, 4>(a, plan, stream);
   }
 }
 
