@@ -364,8 +364,8 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_EQ(pl.variant, "shrink.aligned-stream.bf16");
   EXPECT_EQ(pl.tile, 8);
   EXPECT_EQ(pl.chunks, 4);
-  EXPECT_EQ(pl.stages, 3);         // per warp
-  EXPECT_EQ(pl.threads, 32 * 8);   // 8 warps, each feeding its own ring (no producer warp)
+  EXPECT_EQ(pl.stages, 3);        // per warp
+  EXPECT_EQ(pl.threads, 32 * 8);  // 8 warps, each feeding its own ring (no producer warp)
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   EXPECT_GE(pl.smem_bytes, 8u * 3 * 8192);  // 8 rings of 3 stages of 8 rows x 512 columns
   // Shrink's settings: warps in [1, 12], stages per warp within 227 KiB (12 warps: 2; 4: 6).

@@ -111,7 +111,7 @@ constexpr int kStreamMaxBlock = 32;       // pairs per align block the kernel ta
 constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the plan's tile)
 constexpr int kStreamShrinkKc = 512;      // shrink: K columns per stage
 constexpr int kStreamShrinkBox = 256;     // shrink: K columns per bulk tensor copy (box)
-constexpr int kStreamSlots = 64;  // slots whose rank and scale live in shared memory
+constexpr int kStreamSlots = 64;          // slots whose rank and scale live in shared memory
 // Bytes of one stage: expand, the weights of one task; shrink, 8 rank rows x 512 columns, as
 // two boxes of 8 rows x 256 columns.
 constexpr int stream_stage_bytes(Op op) {

@@ -165,8 +165,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     const int c = static_cast<int>(
         std::min<int64_t>(cons > 0 ? cons : detail::stream_consumers(pb.op), 1 << 20));
     pl.threads = detail::stream_threads(pb.op, c);
-    pl.stages = static_cast<int>(std::min<int64_t>(stg > 0 ? stg : detail::stream_stages(pb.op),
-                                                   1 << 20));
+    pl.stages =
+        static_cast<int>(std::min<int64_t>(stg > 0 ? stg : detail::stream_stages(pb.op), 1 << 20));
     if (cons < 0 || !detail::stream_shape_ok(pb.op, pl.threads, pl.stages))
       return Status::InvalidArgument(
           std::string("MOLORA_LORA_STREAM_CONSUMERS / _STAGES must be in [1, ") +

@@ -29,9 +29,9 @@
 // result is the same bits run to run. Every wait is bounded: a lost arrival traps (a launch
 // error) instead of hanging the stream.
 #include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled types (no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cudaTypedefs.h>
 
 #include <cstring>
 #include <mutex>
@@ -249,7 +249,8 @@ __device__ void produce(const Ctx& x) {
       *x.issued = static_cast<int>(pos + 1);
     }
   };
-  for_valid_tasks<Op::kExpand>(x, [&](int vi, int64_t, int c, int v, int r) { issue(vi, c, v, r); });
+  for_valid_tasks<Op::kExpand>(x,
+                               [&](int vi, int64_t, int c, int v, int r) { issue(vi, c, v, r); });
 }
 
 // Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
@@ -565,10 +566,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
               const int vec = 4 * j + cq;
               const bool in = vec < nvec;
               const uint4 wv = in ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
-              const uint4 xb =
-                  (in && xrow[bt] >= 0)
-                      ? __ldg(reinterpret_cast<const uint4*>(X + xrow[bt] + k0) + vec)
-                      : zero;
+              const uint4 xb = (in && xrow[bt] >= 0)
+                                   ? __ldg(reinterpret_cast<const uint4*>(X + xrow[bt] + k0) + vec)
+                                   : zero;
               float d[4] = {acc[bt][0], acc[bt][1], 0.f, 0.f};
               mma16816<T>(d, xb.x, 0u, xb.y, 0u, wv.x, wv.y);
               mma16816<T>(d, xb.z, 0u, xb.w, 0u, wv.z, wv.w);
