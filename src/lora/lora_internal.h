@@ -100,7 +100,7 @@ size_t smem_bytes(int mode, int64_t P, int block);
 // registers (13 warps would put 4 on one sub-partition's 16 Ki registers: 128 each, and the 64 y
 // words of r_max <= 16 would spill). More consumers hide more of each task's dependent loads
 // (H200, N=6144 T=64: 8 -> 12 consumers 79.6 -> 69.2 us).
-constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 12; }
+constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
 constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
 // Threads of a stream CTA with `consumers` consumer warps (expand adds the producer warp).
 constexpr int stream_threads(Op op, int consumers) {
