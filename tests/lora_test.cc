@@ -271,8 +271,9 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 }
 
 // The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
-// pipeline stages; the planner takes it for expand with r_max >= 32 and P >= 64, grid
-// elsewhere; asking for it where it does not apply, or for knobs it does not have, is an error.
+// pipeline stages; the planner takes it for expand with r_max >= 32 and P >= 64 (P >= 1024
+// below), for shrink with P >= 128, grid elsewhere; asking for it where it does not apply, or for
+// knobs it does not have, is an error.
 TEST(LoraPlan, StreamKernelChoice) {
   Problem pb = seed_expand_problem();
   pb.routing = RoutingKind::kAligned;
@@ -360,15 +361,28 @@ TEST(LoraPlan, StreamKernelChoice) {
   pb.op = Op::kShrink;
   pb.K = 6144;
   pb.N = 0;
+  {  // the planner's choice for shrink: stream from P = 128 pairs
+    PlanOptions d = o;
+    d.kernel.clear();
+    ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
+    EXPECT_EQ(pl.kernel, "stream");
+    Problem q = pb;
+    q.num_tokens = 16;  // P = 128
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "stream");
+    q.num_tokens = 15;  // P = 120
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+  }
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "shrink.aligned-stream.bf16");
   EXPECT_EQ(pl.tile, 8);
   EXPECT_EQ(pl.chunks, 4);
-  EXPECT_EQ(pl.stages, 3);        // per warp
-  EXPECT_EQ(pl.threads, 32 * 8);  // 8 warps, each feeding its own ring (no producer warp)
+  EXPECT_EQ(pl.stages, 2);         // per warp
+  EXPECT_EQ(pl.threads, 32 * 12);  // 12 warps, each feeding its own ring (no producer warp)
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
-  EXPECT_GE(pl.smem_bytes, 8u * 3 * 8192);  // 8 rings of 3 stages of 8 rows x 512 columns
-  // Shrink's settings: warps in [1, 8], stages per warp within 227 KiB (8 warps: 3; 4: 6).
+  EXPECT_GE(pl.smem_bytes, 12u * 2 * 8192);  // 12 rings of 2 stages of 8 rows x 512 columns
+  // Shrink's settings: warps in [1, 12], stages per warp within 227 KiB (12 warps: 2; 4: 6).
   molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "4");
   molora::set_setting("MOLORA_LORA_STREAM_STAGES", "6");
   ASSERT_TRUE(plan(pb, &pl, o).ok());
@@ -377,12 +391,15 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   molora::set_setting("MOLORA_LORA_STREAM_STAGES", "7");  // 4 x 7 x 8 KiB > 227 KiB
   EXPECT_FALSE(plan(pb, &pl, o).ok());
-  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "8");
-  molora::set_setting("MOLORA_LORA_STREAM_STAGES", "4");
+  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "12");
+  molora::set_setting("MOLORA_LORA_STREAM_STAGES", "2");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.threads, 32 * 12);
+  molora::set_setting("MOLORA_LORA_STREAM_STAGES", "3");
   Status sst = plan(pb, &pl, o);
   EXPECT_FALSE(sst.ok());
   EXPECT_NE(sst.message().find("stages per consumer warp"), std::string::npos) << sst.message();
-  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "9");
+  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "13");
   molora::set_setting("MOLORA_LORA_STREAM_STAGES", "2");
   EXPECT_FALSE(plan(pb, &pl, o).ok());
   molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", std::nullopt);

@@ -99,9 +99,11 @@ size_t smem_bytes(int mode, int64_t P, int block);
 // 11 consumers + the producer = 12 warps, 3 per SM sub-partition, so each thread may hold 168
 // registers (13 warps would put 4 on one sub-partition's 16 Ki registers: 128 each, and the 64 y
 // words of r_max <= 16 would spill). More consumers hide more of each task's dependent loads
-// (H200, N=6144 T=64: 8 -> 12 consumers 79.6 -> 69.2 us).
-constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
-constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 8; }
+// (H200, N=6144 T=64: 8 -> 12 consumers 79.6 -> 69.2 us). Shrink: 12 warps x 2 stages measured
+// 2-9% faster than 8 x 3 at T >= 64 and equal at T = 32; 4 x 6 and 2 x 13 slower everywhere
+// (bench/NOTES.md "lora v0.6").
+constexpr int stream_max_consumers(Op op) { return op == Op::kExpand ? 11 : 12; }
+constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 12; }
 // Threads of a stream CTA with `consumers` consumer warps (expand adds the producer warp).
 constexpr int stream_threads(Op op, int consumers) {
   return 32 * (consumers + (op == Op::kExpand ? 1 : 0));
@@ -120,7 +122,7 @@ constexpr int stream_stage_bytes(Op op) {
 // Pipeline stages: expand, the shared ring's; shrink, each warp's ring's. The default, and the
 // most that fit in 227 KiB of shared memory with `consumers` consumer warps
 // (MOLORA_LORA_STREAM_STAGES overrides the default within [2, max]).
-inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 3; }
+inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 2; }
 inline int stream_max_stages(Op op, int consumers) {
   const int rings = op == Op::kExpand ? 1 : (consumers > 0 ? consumers : 1);
   return (227 * 1024 - 4096) / (rings * stream_stage_bytes(op));

@@ -142,15 +142,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                    : P <= detail::kGroupCap ? detail::kModeGrouped
                                             : detail::kModePairs;
   // Kernel: the stream pipeline applies to aligned routing with blocks of <= 32 pairs. The
-  // planner takes it for expand with P >= 64 pairs at r_max >= 32 (P >= 1024 below), where it
-  // measured faster than the grid kernel on the H200 (bench/NOTES.md "lora v0.5": N=6144 r=32
-  // T=64 48.3 vs 78.3 us; N=2048 r=16 T=128 27.8 vs 33.5 us but T=64 21.1 vs 20.5; at T=1 and
-  // for shrink it was slower), else grid.
+  // planner takes it where it measured faster than the grid kernel on the H200: expand with
+  // P >= 64 pairs at r_max >= 32 (P >= 1024 below; bench/NOTES.md "lora v0.5": N=6144 r=32 T=64
+  // 48.3 vs 78.3 us; N=2048 r=16 T=128 27.8 vs 33.5 us but T=64 21.1 vs 20.5), shrink with
+  // P >= 128 ("lora v0.6": every seed shape at T >= 32, e.g. N=6144 T=64 45.9 vs 73.0 us,
+  // N=7168 T=32 (P=128) 32.3 vs 48.5; at T=8 the grid kernel wins, 14.5 vs 16.8 us), else grid.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  if (kernel.empty())
-    kernel =
-        stream_ok && pb.op == Op::kExpand && P >= (pb.r_max >= 32 ? 64 : 1024) ? "stream" : "grid";
+  const int64_t stream_from = pb.op == Op::kShrink ? 128 : (pb.r_max >= 32 ? 64 : 1024);
+  if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)

@@ -47,9 +47,6 @@ namespace {
 constexpr int kSlots = kStreamSlots;
 constexpr int kBox = kStreamShrinkBox;  // shrink: columns per box (256: 512 bytes per row)
 constexpr int kBoxBytes = kStreamShrinkRows * kBox * 2;
-constexpr int kShrinkUseMap = 1;                  // shrink option: copy full rows as boxes
-constexpr int kShrinkXKeep = 2;                   // shrink option: x loads with evict-last
-constexpr int64_t kShrinkXKeepBytes = 8ll << 20;  // x up to this size is kept in L2
 
 // --- mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90) -------------------------------
 __device__ __forceinline__ uint32_t sa(const void* p) {
@@ -123,20 +120,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
-}
-__device__ __forceinline__ uint64_t evict_last_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-// A read-only 16-byte load with an L2 cache policy (0: none).
-__device__ __forceinline__ uint4 ldg_hint(const void* p, uint64_t policy) {
-  if (policy == 0) return __ldg(static_cast<const uint4*>(p));
-  uint4 v;
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
 }
 // One 2-D bulk tensor copy: the box at (column c0, row c1) of `map` into shared memory.
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1,
@@ -439,7 +422,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
 template <typename T>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
-                       int opts) {
+                       int use_map) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
@@ -477,9 +460,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const T* A = static_cast<const T*>(a.w);
   const T* X = static_cast<const T*>(a.in);
   const int R = a.r_max;
-  const bool boxes_ok = (opts & kShrinkUseMap) && !(a.dbg & 16);
-  // x stays in L2 across the K-chunks and the rank chunks of a group (when it is small).
-  const uint64_t xpol = ((opts & kShrinkXKeep) && !(a.dbg & 8)) ? evict_last_policy() : 0;
+  const bool boxes_ok = use_map != 0 && !(a.dbg & 16);
   auto next_mine = [&](TaskIter<Op::kShrink>& it, Task& t) {
     while (it.next(t))
       if (t.vi % W == w) return true;
@@ -553,23 +534,19 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     float ch[4][4];  // batch 0's accumulator chains (superstep j feeds chain j % 4)
 #pragma unroll
     for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
-    const bool math = !(a.dbg & 1);
-    // Batch 0's x vectors of piece q (member gq, vectors 4 j + cq): loaded one piece ahead.
-    auto load_x = [&](int q, uint4(&xv)[kSup]) {
+#pragma unroll 1
+    for (int q = 0; q < x.pieces; ++q) {
       const int64_t k0 = static_cast<int64_t>(q) * x.kc;
       const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
-      const T* xr = X + (xrow[0] >= 0 ? xrow[0] : 0) + k0;
+      const bool math = !(a.dbg & 1);
+      uint4 xv[kSup];
 #pragma unroll
       for (int j = 0; j < kSup; ++j) {
         const int vec = 4 * j + cq;
-        xv[j] = (math && xrow[0] >= 0 && vec < nvec && q < x.pieces) ? ldg_hint(xr + 8 * vec, xpol)
-                                                                     : zero;
+        xv[j] = (math && xrow[0] >= 0 && vec < nvec)
+                    ? __ldg(reinterpret_cast<const uint4*>(X + xrow[0] + k0) + vec)
+                    : zero;
       }
-    };
-    auto piece = [&](int q, const uint4(&xv)[kSup], uint4(&xn)[kSup]) {
-      load_x(q + 1, xn);
-      const int64_t k0 = static_cast<int64_t>(q) * x.kc;
-      const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
       const uint32_t s = n_done % static_cast<uint32_t>(stages);
       bar_wait(full + s, (n_done / static_cast<uint32_t>(stages)) & 1u);
       const uint4* ws = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(s) * kStage);
@@ -589,8 +566,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
               const int vec = 4 * j + cq;
               const bool in = vec < nvec;
               const uint4 wv = in ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
-              const uint4 xb =
-                  (in && xrow[bt] >= 0) ? ldg_hint(X + xrow[bt] + k0 + 8 * vec, xpol) : zero;
+              const uint4 xb = (in && xrow[bt] >= 0)
+                                   ? __ldg(reinterpret_cast<const uint4*>(X + xrow[bt] + k0) + vec)
+                                   : zero;
               float d[4] = {acc[bt][0], acc[bt][1], 0.f, 0.f};
               mma16816<T>(d, xb.x, 0u, xb.y, 0u, wv.x, wv.y);
               mma16816<T>(d, xb.z, 0u, xb.w, 0u, wv.z, wv.w);
@@ -602,13 +580,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       __syncwarp();  // every lane is done with the stage: refill it
       ++n_done;
       issue_next();
-    };
-    uint4 xa[kSup], xb[kSup];
-    load_x(0, xa);
-#pragma unroll 1
-    for (int q = 0; q < x.pieces; q += 2) {
-      piece(q, xa, xb);
-      if (q + 1 < x.pieces) piece(q + 1, xb, xa);
     }
     acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
     acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
@@ -772,12 +743,9 @@ Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
   k.dbg = probe_bits();
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  int opts = shrink_map(a, &map) ? kShrinkUseMap : 0;
-  // x with the evict-last L2 policy while it is a small share of L2 (decode); prefill's x is
-  // left to the default policy.
-  if (a.T * a.dim * 2 <= kShrinkXKeepBytes) opts |= kShrinkXKeep;
+  const int use_map = shrink_map(a, &map) ? 1 : 0;
   kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
-      k, plan.stages, map, opts);
+      k, plan.stages, map, use_map);
   MOLORA_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
