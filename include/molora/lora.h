@@ -75,7 +75,8 @@ struct Plan {
   int threads = 0;        // threads per CTA
   int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item
   int unroll = 0;         // grid: 16-byte weight loads in flight per thread (4 or 8)
-  int stages = 0;         // stream: shared-memory pipeline stages of 16 KiB (0 for grid)
+  int stages = 0;         // stream: pipeline stages (expand: the shared ring's, 16 KiB each;
+                          // shrink: each warp's ring's, 8 KiB each; 0 for grid)
   int chunks = 0;         // work items per group (cdiv(r_max, tile) or cdiv(N, tile))
   int64_t groups = 0;     // groups the kernel may find (P for plain, blocks for aligned)
   int64_t max_items = 0;  // groups * chunks
@@ -101,8 +102,9 @@ struct PlanOptions {
   int force_tile = 0;
   int force_unroll = 0;
   // Kernel: "" = MOLORA_LORA_KERNEL, else the planner's choice (stream for aligned routing with
-  // block size <= 32, grid otherwise); "grid" forces the grid kernel; "stream" asks for the
-  // stream kernel and is an error where it does not apply.
+  // block size <= 32 from P = 128 pairs for shrink, P = 64 for expand at r_max >= 32, P = 1024
+  // below; grid otherwise); "grid" forces the grid kernel; "stream" asks for the stream kernel
+  // and is an error where it does not apply.
   std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;
