@@ -447,11 +447,27 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x)
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+  uint64_t* ready = reinterpret_cast<uint64_t*>(smem + x.L.ready);
+  float* part = reinterpret_cast<float*>(smem + x.L.part);
   if (threadIdx.x == 0) {
     for (int s = 0; s < W * stages; ++s) bar_init(x.full + s, 1);
+    for (int v = 0; v < W; ++v) bar_init(ready + v, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
+  // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
+  // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
+  // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
+  int total = 0;
+  {
+    TaskIter<Op::kShrink> it(x);
+    Task t;
+    while (it.next(t)) ++total;
+  }
+  const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
+  auto begin = [&](int v) { return static_cast<int64_t>(v) * ptot / W; };
+  const int64_t u0 = begin(w), u1 = begin(w + 1);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
   uint64_t* full = x.full + w * stages;
@@ -461,20 +477,19 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const T* X = static_cast<const T*>(a.in);
   const int R = a.r_max;
   const bool boxes_ok = use_map != 0 && !(a.dbg & 16);
-  auto next_mine = [&](TaskIter<Op::kShrink>& it, Task& t) {
-    while (it.next(t))
-      if (t.vi % W == w) return true;
-    return false;
+  auto seek = [&](TaskIter<Op::kShrink>& it, Task& t, int64_t i) {  // valid task i
+    for (int64_t j = 0; j <= i; ++j) it.next(t);
   };
 
   // Issue side: this warp's pieces in order (task by task, K-chunk by K-chunk), `stages` ahead.
   TaskIter<Op::kShrink> iss(x);
   Task it_t;
-  bool it_have = next_mine(iss, it_t);
-  int it_q = 0;
+  int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
+  if (it_left > 0) seek(iss, it_t, u0 / x.pieces);
+  int it_q = static_cast<int>(u0 % x.pieces);
   uint32_t n_issued = 0;
   auto issue_next = [&]() {
-    if (!it_have) return;
+    if (it_left <= 0) return;
     const uint32_t s = n_issued % static_cast<uint32_t>(stages);
     uint8_t* dst = ring + static_cast<size_t>(s) * kStage;
     uint64_t* b = full + s;
@@ -503,7 +518,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       }
     }
     ++n_issued;
-    if (++it_q == x.pieces) it_q = 0, it_have = next_mine(iss, it_t);
+    --it_left;
+    if (++it_q == x.pieces) {
+      it_q = 0;
+      if (it_left > 0) iss.next(it_t);
+    }
   };
   for (int i = 0; i < stages; ++i) issue_next();
 
@@ -514,20 +533,22 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   uint32_t n_done = 0;
   TaskIter<Op::kShrink> cmp(x);
   Task cur, nxt;
-  bool have = next_mine(cmp, cur);
-  int p = have ? block_entry(a, cur.g) : -1;
-  while (have) {
-    const bool have_n = next_mine(cmp, nxt);
+  int64_t u = u0;
+  if (u < u1) seek(cmp, cur, u0 / x.pieces);
+  int p = u < u1 ? block_entry(a, cur.g) : -1;
+  while (u < u1) {
+    const int64_t ti = u / x.pieces;  // this task's valid index and its pieces [q_lo, q_hi)
+    const int q_lo = static_cast<int>(u - ti * x.pieces);
+    const int q_hi = static_cast<int>(min(static_cast<int64_t>(x.pieces), q_lo + (u1 - u)));
+    u += q_hi - q_lo;
+    const bool have_n = u < u1;
+    if (have_n) cmp.next(nxt);
     const int pn = have_n ? block_entry(a, nxt.g) : -1;
     const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
     const int nb = (count + 7) / 8;
     const int r0 = cur.c * kStreamShrinkRows, rows = min(kStreamShrinkRows, cur.r - r0);
-    int64_t xrow[kB];  // x row of member 8 b + gq (-1: none)
-#pragma unroll
-    for (int bt = 0; bt < kB; ++bt) {
-      const int m = bt * 8 + gq;
-      xrow[bt] = m < count ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
-    }
+    // x row offset of member gq (batch 0; -1: none); batches past it read theirs from ids[]
+    const int64_t xrow0 = gq < count ? static_cast<int64_t>(ids[gq] / a.k) * K : -1;
     float acc[kB][2];
 #pragma unroll
     for (int bt = 0; bt < kB; ++bt) acc[bt][0] = acc[bt][1] = 0.f;
@@ -535,7 +556,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
     for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
 #pragma unroll 1
-    for (int q = 0; q < x.pieces; ++q) {
+    for (int q = q_lo; q < q_hi; ++q) {
       const int64_t k0 = static_cast<int64_t>(q) * x.kc;
       const int nvec = static_cast<int>(min(static_cast<int64_t>(x.kc), K - k0)) / 8;
       const bool math = !(a.dbg & 1);
@@ -543,8 +564,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
       for (int j = 0; j < kSup; ++j) {
         const int vec = 4 * j + cq;
-        xv[j] = (math && xrow[0] >= 0 && vec < nvec)
-                    ? __ldg(reinterpret_cast<const uint4*>(X + xrow[0] + k0) + vec)
+        xv[j] = (math && xrow0 >= 0 && vec < nvec)
+                    ? __ldg(reinterpret_cast<const uint4*>(X + xrow0 + k0) + vec)
                     : zero;
       }
       const uint32_t s = n_done % static_cast<uint32_t>(stages);
@@ -564,14 +585,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
         for (int bt = 1; bt < kB; ++bt) {
           if (bt < nb) {
+            const int m = bt * 8 + gq;
+            const int64_t xrow = m < count ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
 #pragma unroll 1
             for (int h = 0; h < kSup; h += kSup / 2) {
               uint4 xb[kSup / 2];
 #pragma unroll
               for (int u = 0; u < kSup / 2; ++u) {
                 const int vec = 4 * (h + u) + cq;
-                xb[u] = (vec < nvec && xrow[bt] >= 0)
-                            ? __ldg(reinterpret_cast<const uint4*>(X + xrow[bt] + k0) + vec)
+                xb[u] = (vec < nvec && xrow >= 0)
+                            ? __ldg(reinterpret_cast<const uint4*>(X + xrow + k0) + vec)
                             : zero;
               }
               float d[2][4] = {{acc[bt][0], acc[bt][1], 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -593,6 +616,30 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     }
     acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
     acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
+    float2* mine = reinterpret_cast<float2*>(part) + w * kB * 32 + lane;
+    if (q_lo > 0) {  // the tail of a task begun by an earlier warp: leave the partial sums
+#pragma unroll
+      for (int bt = 0; bt < kB; ++bt) mine[bt * 32] = make_float2(acc[bt][0], acc[bt][1]);
+      __syncwarp();
+      __threadfence_block();
+      if (lane == 0) bar_arrive(ready + w);
+      __syncwarp();  // ids[] is rewritten by the next task
+      cur = nxt, p = pn;
+      continue;
+    }
+    if (q_hi < x.pieces) {  // finished by later warps: add their partial sums, in warp order
+      const int64_t end = (ti + 1) * x.pieces;
+      for (int v = w + 1; v < W && begin(v) < end; ++v) {
+        if (begin(v + 1) == begin(v)) continue;  // a warp without pieces leaves nothing
+        bar_wait(ready + v, 0);
+        const float2* theirs = reinterpret_cast<const float2*>(part) + v * kB * 32 + lane;
+#pragma unroll
+        for (int bt = 0; bt < kB; ++bt) {
+          const float2 o = theirs[bt * 32];
+          acc[bt][0] += o.x, acc[bt][1] += o.y;
+        }
+      }
+    }
     T* t = static_cast<T*>(a.out);
     const int n = 2 * cq;
 #pragma unroll
@@ -607,7 +654,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       }
     }
     __syncwarp();  // ids[] is rewritten by the next task
-    cur = nxt, p = pn, have = have_n;
+    cur = nxt, p = pn;
   }
 }
 
