@@ -114,9 +114,9 @@ constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the pla
 constexpr int kStreamShrinkKc = 512;      // shrink: K columns per stage
 constexpr int kStreamShrinkBox = 256;     // shrink: K columns per bulk tensor copy (box)
 constexpr int kStreamSlots = 64;          // slots whose rank and scale live in shared memory
-// Shrink: one warp's partial sums of a task cut between warps (4 batches x 32 lanes x 2 floats),
-// its `ready` barrier and its entry of the pieces' split (int64; one more for the end).
-constexpr int kStreamShrinkPartBytes = (kStreamMaxBlock / 8) * 32 * 2 * 4 + 8 + 8;
+// Shrink: one warp's partial sums of a task cut between warps (4 batches x 32 lanes x 2 floats)
+// and its `ready` barrier.
+constexpr int kStreamShrinkPartBytes = (kStreamMaxBlock / 8) * 32 * 2 * 4 + 8;
 // Bytes of one stage: expand, the weights of one task; shrink, 8 rank rows x 512 columns, as
 // two boxes of 8 rows x 256 columns.
 constexpr int stream_stage_bytes(Op op) {
@@ -128,7 +128,7 @@ constexpr int stream_stage_bytes(Op op) {
 inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 2; }
 inline int stream_max_stages(Op op, int consumers) {
   const int rings = op == Op::kExpand ? 1 : (consumers > 0 ? consumers : 1);
-  const int extra = op == Op::kExpand ? 0 : rings * kStreamShrinkPartBytes + 8;
+  const int extra = op == Op::kExpand ? 0 : rings * kStreamShrinkPartBytes;
   return (227 * 1024 - 4096 - extra) / (rings * stream_stage_bytes(op));
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
@@ -157,7 +157,7 @@ inline bool stream_tile_ok(Op op, int r_max, int tile) {
 // barriers per consumer warp (warp w's at index w * stages).
 struct StreamLayout {
   int stages;
-  size_t full, empty, issued, ids, rank, scale, ready, beg, part, total;
+  size_t full, empty, issued, ids, rank, scale, ready, part, total;
 };
 #ifdef __CUDACC__
 __host__ __device__
@@ -176,8 +176,7 @@ __host__ __device__
   l.scale = o, o += 4 * kStreamSlots;
   const size_t w = op == Op::kExpand ? 0 : static_cast<size_t>(consumers);
   l.ready = o, o += 8 * w;
-  l.beg = o, o += w > 0 ? 8 * (w + 1) : 0;
-  l.part = o, o += (kStreamShrinkPartBytes - 16) * w;
+  l.part = o, o += (kStreamShrinkPartBytes - 8) * w;
   l.total = o;
   return l;
 }

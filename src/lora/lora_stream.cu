@@ -480,11 +480,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     while (it.next(t)) ++total;
   }
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
-  int64_t* beg = reinterpret_cast<int64_t*>(smem + x.L.beg);  // begin(v), v = 0..W: one division
-  if (threadIdx.x <= static_cast<unsigned>(W))                // each, in parallel
-    beg[threadIdx.x] = static_cast<int64_t>(threadIdx.x) * ptot / W;
-  __syncthreads();
-  auto begin = [&](int v) { return beg[v]; };
+  auto begin = [&](int v) { return static_cast<int64_t>(v) * ptot / W; };
   const int64_t u0 = begin(w), u1 = begin(w + 1);
   // Warps after v that hold pieces of v's last task (0: it ends in v's range, or v has none).
   auto helpers = [&](int v) {
