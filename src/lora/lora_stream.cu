@@ -75,23 +75,6 @@ __device__ __forceinline__ bool bar_try(uint64_t* b, uint32_t parity) {
       : "memory");
   return ok != 0;
 }
-// Waits for the phase of parity `parity` to complete by polling (no suspension: for short
-// waits, where a suspended warp's wake-up would cost more than the wait); traps after ~2^33
-// cycles.
-__device__ __forceinline__ void bar_spin(uint64_t* b, uint32_t parity) {
-  const long long t0 = clock64();
-  for (;;) {
-    uint32_t ok;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok)
-        : "r"(sa(b)), "r"(parity)
-        : "memory");
-    if (ok) return;
-    if (clock64() - t0 > (1LL << 33)) __trap();
-  }
-}
 // Waits for the phase of parity `parity` to complete; traps after ~2^33 cycles (seconds).
 __device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
   if (bar_try(b, parity)) return;
@@ -468,11 +451,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
   uint64_t* ready = reinterpret_cast<uint64_t*>(smem + x.L.ready);
   float* part = reinterpret_cast<float*>(smem + x.L.part);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < W * stages; ++s) bar_init(x.full + s, 1);
+    for (int v = 0; v < W; ++v) bar_init(ready + v, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
   // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
-  // holds its first piece (its owner): the later ones leave their partial sums in shared memory
-  // (`part`) and arrive on the owner's `ready` barrier (one wait for all of them: waits one by one
-  // cost ~0.3 us each at T=1); the owner adds them in warp order (the same bits run to run).
+  // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
+  // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
   int total = 0;
   {
     TaskIter<Op::kShrink> it(x);
@@ -482,21 +470,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
   auto begin = [&](int v) { return static_cast<int64_t>(v) * ptot / W; };
   const int64_t u0 = begin(w), u1 = begin(w + 1);
-  // Warps after v that hold pieces of v's last task (0: it ends in v's range, or v has none).
-  auto helpers = [&](int v) {
-    const int64_t b = begin(v), e = begin(v + 1);
-    if (e <= b) return 0;
-    const int64_t end = ((e - 1) / x.pieces + 1) * x.pieces;
-    int n = 0;
-    for (int h = v + 1; h < W && begin(h) < end; ++h) n += begin(h + 1) > begin(h);
-    return n;
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < W * stages; ++s) bar_init(x.full + s, 1);
-    for (int v = 0; v < W; ++v) bar_init(ready + v, max(1, helpers(v)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
   uint64_t* full = x.full + w * stages;
@@ -651,18 +624,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       for (int bt = 0; bt < kB; ++bt) mine[bt * 32] = make_float2(acc[bt][0], acc[bt][1]);
       __syncwarp();
       __threadfence_block();
-      int owner = w - 1;  // the warp holding the task's first piece
-      while (begin(owner) > ti * x.pieces) --owner;
-      if (lane == 0) bar_arrive(ready + owner);
+      if (lane == 0) bar_arrive(ready + w);
       __syncwarp();  // ids[] is rewritten by the next task
       cur = nxt, p = pn;
       continue;
     }
     if (q_hi < x.pieces) {  // finished by later warps: add their partial sums, in warp order
       const int64_t end = (ti + 1) * x.pieces;
-      bar_spin(ready + w, 0);  // the helpers' sums are usually long there (or nearly)
       for (int v = w + 1; v < W && begin(v) < end; ++v) {
         if (begin(v + 1) == begin(v)) continue;  // a warp without pieces leaves nothing
+        bar_wait(ready + v, 0);
         const float2* theirs = reinterpret_cast<const float2*>(part) + v * kB * 32 + lane;
 #pragma unroll
         for (int bt = 0; bt < kB; ++bt) {
