@@ -424,8 +424,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if (threadIdx.x == 0 && use_map)  // the descriptor's fetch overlaps the set-up below
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   Ctx x;
