@@ -466,7 +466,18 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     while (it.next(t)) ++total;
   }
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
-  auto begin = [&](int v) { return static_cast<int64_t>(v) * ptot / W; };
+  // 32-bit divisions where the products fit (always, in practice): a 64-bit division is a long
+  // subroutine, and the warp that finishes a cut task evaluates begin() twice per helper.
+  const bool small = ptot * W < (int64_t{1} << 32);
+  auto begin = [&](int v) {
+    return small ? static_cast<int64_t>(static_cast<uint32_t>(v) * static_cast<uint32_t>(ptot) /
+                                        static_cast<uint32_t>(W))
+                 : static_cast<int64_t>(v) * ptot / W;
+  };
+  auto task_of = [&](int64_t u) {  // valid task index of piece u
+    return small ? static_cast<int64_t>(static_cast<uint32_t>(u) / static_cast<uint32_t>(x.pieces))
+                 : u / x.pieces;
+  };
   const int64_t u0 = begin(w), u1 = begin(w + 1);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
@@ -485,8 +496,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   TaskIter<Op::kShrink> iss(x);
   Task it_t;
   int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
-  if (it_left > 0) seek(iss, it_t, u0 / x.pieces);
-  int it_q = static_cast<int>(u0 % x.pieces);
+  if (it_left > 0) seek(iss, it_t, task_of(u0));
+  int it_q = static_cast<int>(u0 - task_of(u0) * x.pieces);
   uint32_t n_issued = 0;
   auto issue_next = [&]() {
     if (it_left <= 0) return;
@@ -534,10 +545,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   TaskIter<Op::kShrink> cmp(x);
   Task cur, nxt;
   int64_t u = u0;
-  if (u < u1) seek(cmp, cur, u0 / x.pieces);
+  if (u < u1) seek(cmp, cur, task_of(u0));
   int p = u < u1 ? block_entry(a, cur.g) : -1;
   while (u < u1) {
-    const int64_t ti = u / x.pieces;  // this task's valid index and its pieces [q_lo, q_hi)
+    const int64_t ti = task_of(u);  // this task's valid index and its pieces [q_lo, q_hi)
     const int q_lo = static_cast<int>(u - ti * x.pieces);
     const int q_hi = static_cast<int>(min(static_cast<int64_t>(x.pieces), q_lo + (u1 - u)));
     u += q_hi - q_lo;
