@@ -423,6 +423,34 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_NE(st.message().find("grid or stream"), std::string::npos) << st.message();
 }
 
+// Every stream shape the settings accept fits the 227 KiB the kernels ask for, with barriers
+// and partial sums aligned; one stage more than the maximum is refused.
+TEST(LoraPlan, StreamLayoutFitsEveryAcceptedShape) {
+  namespace d = molora::lora::detail;
+  for (Op op : {Op::kExpand, Op::kShrink})
+    for (int c = 1; c <= d::stream_max_consumers(op); ++c) {
+      const int threads = d::stream_threads(op, c), smax = d::stream_max_stages(op, c);
+      EXPECT_EQ(d::stream_consumers_of(op, threads), c);
+      if (smax < 2) {
+        EXPECT_FALSE(d::stream_shape_ok(op, threads, 2)) << c;
+        continue;
+      }
+      for (int st = 2; st <= smax; ++st) {
+        ASSERT_TRUE(d::stream_shape_ok(op, threads, st)) << c << " " << st;
+        const d::StreamLayout l = d::stream_layout(op, st, c);
+        EXPECT_LE(l.total, 227u * 1024) << c << " " << st;
+        EXPECT_EQ(l.full % 8, 0u);
+        EXPECT_EQ(l.ready % 8, 0u);
+        EXPECT_EQ(l.part % 8, 0u);
+        EXPECT_GE(l.full, static_cast<size_t>(st) * (op == Op::kExpand ? 1 : c) *
+                              d::stream_stage_bytes(op));
+      }
+      EXPECT_FALSE(d::stream_shape_ok(op, threads, smax + 1)) << c;
+    }
+  EXPECT_FALSE(d::stream_shape_ok(Op::kShrink, d::stream_threads(Op::kShrink, 13), 2));
+  EXPECT_FALSE(d::stream_shape_ok(Op::kExpand, d::stream_threads(Op::kExpand, 12), 2));
+}
+
 TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   Problem pb;
   pb.op = Op::kShrink;
