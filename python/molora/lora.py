@@ -94,13 +94,13 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               block_size: int = 0, sorted_len: int | None = None, stats: dict | None = None,
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
-    """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" for
-    expand with aligned routing, block_size <= 32 and num_tokens * top_k >= 64 (>= 1024 when
-    r_max < 32), else "grid"; pass ``kernel`` to force one; "stream" needs aligned routing and
-    block_size <= 32),
+    """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" with
+    aligned routing and block_size <= 32 for shrink when num_tokens * top_k >= 128 and for
+    expand when it is >= 64 (>= 1024 when r_max < 32), else "grid"; pass ``kernel`` to force
+    one; "stream" needs aligned routing and block_size <= 32),
     ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
     expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
-    ``stages`` (stream: shared-memory pipeline stages), ``chunks``, ``groups``, ``max_items``,
+    ``stages`` (stream: pipeline stages; shrink: per warp), ``chunks``, ``groups``, ``max_items``,
     ``est_items``, ``grid``/``ctas`` (one CTA per possible item), ``ctas_per_sm`` (resident,
     0 without a GPU), ``threads``, ``smem_bytes``, ``bytes`` that
     must move (exact when ``stats`` gives active_pairs, active_tokens, distinct_pairs,
