@@ -108,12 +108,13 @@ constexpr int stream_consumers(Op op) { return op == Op::kExpand ? 11 : 12; }
 constexpr int stream_threads(Op op, int consumers) {
   return 32 * (consumers + (op == Op::kExpand ? 1 : 0));
 }
-constexpr int kStreamStageBytes = 16384;  // expand: weight bytes of one pipeline stage
-constexpr int kStreamMaxBlock = 32;       // pairs per align block the kernel takes
-constexpr int kStreamShrinkRows = 8;      // shrink: rank rows per task (the plan's tile)
-constexpr int kStreamShrinkKc = 512;      // shrink: K columns per stage
-constexpr int kStreamShrinkBox = 256;     // shrink: K columns per bulk tensor copy (box)
-constexpr int kStreamSlots = 64;          // slots whose rank and scale live in shared memory
+constexpr int kStreamStageBytes = 16384;      // expand: weight bytes of one pipeline stage
+constexpr int kStreamMaxBlock = 32;           // pairs per align block the kernel takes
+constexpr int kStreamShrinkRows = 8;          // shrink: rank rows per task (the plan's tile)
+constexpr int kStreamShrinkKc = 512;          // shrink: K columns per stage
+constexpr int kStreamShrinkBox = 256;         // shrink: K columns per bulk tensor copy (box)
+constexpr int kStreamSmemBytes = 227 * 1024;  // dynamic shared memory a stream CTA may take
+constexpr int kStreamSlots = 64;              // slots whose rank and scale live in shared memory
 // Shrink: one warp's partial sums of a task cut between warps (4 batches x 32 lanes x 2 floats)
 // and its `ready` barrier.
 constexpr int kStreamShrinkPartBytes = (kStreamMaxBlock / 8) * 32 * 2 * 4 + 8;
@@ -129,7 +130,7 @@ inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 2; }
 inline int stream_max_stages(Op op, int consumers) {
   const int rings = op == Op::kExpand ? 1 : (consumers > 0 ? consumers : 1);
   const int extra = op == Op::kExpand ? 0 : rings * kStreamShrinkPartBytes;
-  return (227 * 1024 - 4096 - extra) / (rings * stream_stage_bytes(op));
+  return (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
 inline int stream_expand_tile(int r_max) {

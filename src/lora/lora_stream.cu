@@ -34,7 +34,6 @@
 #include <cuda_fp16.h>
 
 #include <cstring>
-#include <mutex>
 
 #include "core/cuda_util.h"
 #include "lora/lora_device.cuh"
@@ -204,6 +203,14 @@ __device__ __forceinline__ void for_valid_tasks(const Ctx& x, F&& f) {
   while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
 }
 
+// The tasks this CTA takes grid-stride: (group, chunk) items of the used blocks of the align
+// output (num_tokens_post_pad, clamped to sorted_len).
+__device__ __forceinline__ int64_t cta_tasks(const KernelArgs& a) {
+  int64_t used = __ldg(a.rt.num_tokens_post_pad);
+  used = max(int64_t{0}, min(used, a.sorted_len));
+  const int64_t n_tasks = used / a.block * a.chunks;
+  return n_tasks > blockIdx.x ? (n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+}
 // This lane's entry of block g of the align output (-1 past the block or the used length).
 __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
   const int lane = threadIdx.x & 31;
@@ -440,10 +447,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int64_t K = a.dim;
   x.kc = static_cast<int>(min(K, static_cast<int64_t>(kStreamShrinkKc)));
   x.pieces = static_cast<int>((K + x.kc - 1) / x.kc);
-  int64_t used = __ldg(a.rt.num_tokens_post_pad);
-  used = max(int64_t{0}, min(used, a.sorted_len));
-  const int64_t n_tasks = used / a.block * a.chunks;
-  x.my_tasks = n_tasks > blockIdx.x ? (n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x)
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
@@ -459,7 +463,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
   // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
-  int total = 0;
+  int total = 0;  // (as for_valid_tasks; written out, it keeps the measured machine code)
   {
     TaskIter<Op::kShrink> it(x);
     Task t;
@@ -690,10 +694,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   x.V = a.S * a.E;
   x.kc = 0;
   x.pieces = 1;
-  int64_t used = __ldg(a.rt.num_tokens_post_pad);
-  used = max(int64_t{0}, min(used, a.sorted_len));
-  const int64_t n_tasks = used / a.block * a.chunks;
-  x.my_tasks = n_tasks > blockIdx.x ? (n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x) {
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
@@ -730,6 +731,15 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   }
 }
 
+// Lets kernel Kern take the stream layout's shared memory (once per kernel; the first result is
+// kept).
+template <auto Kern>
+cudaError_t allow_stream_smem() {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemBytes);
+  return attr;
+}
+
 int probe_bits() {
   static const int probe = static_cast<int>(get_setting_int("MOLORA_LORA_STREAM_PROBE", 0));
   return probe;
@@ -737,15 +747,10 @@ int probe_bits() {
 
 template <typename T, int NT, int SUP>
 Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_expand<T, NT, SUP>;
+  constexpr auto kern = molora_lora_expand<T, NT, SUP>;
   const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
   const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [&] {
-    attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-  });
-  MOLORA_CUDA_CHECK(attr);
+  MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
   kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
@@ -798,15 +803,10 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
 
 template <typename T>
 Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_shrink<T>;
+  constexpr auto kern = molora_lora_shrink<T>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
   const size_t smem = stream_layout(Op::kShrink, plan.stages, warps).total;
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [&] {
-    attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-  });
-  MOLORA_CUDA_CHECK(attr);
+  MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
   CUtensorMap map;
