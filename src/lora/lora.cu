@@ -337,13 +337,19 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
   __shared__ int s_rank[kSlotCache];
   __shared__ float s_scale[kSlotCache];
   // Items the device can hold work in: aligned, the used blocks only (num_tokens_post_pad).
-  int64_t n_groups = a.P;
+  // The planner keeps groups x chunks below 2^31, so items are counted in 32 bits and walked
+  // without divisions (a 64-bit division is ~100 dependent instructions; there were four per
+  // item).
+  uint32_t n_groups = static_cast<uint32_t>(a.P);
   if (a.mode == kModeAligned) {
     int64_t used = __ldg(a.rt.num_tokens_post_pad);
     used = max(int64_t{0}, min(used, a.sorted_len));
-    n_groups = used / a.block;
+    n_groups = used < (int64_t{1} << 31)
+                   ? static_cast<uint32_t>(used) / static_cast<uint32_t>(a.block)
+                   : static_cast<uint32_t>(used / a.block);
   }
-  const int64_t n_items = n_groups * a.chunks;
+  const uint32_t chunks = static_cast<uint32_t>(a.chunks);
+  const uint32_t n_items = n_groups * chunks;
   // Ranks and scales of the first kSlotCache slots in shared memory: one load per CTA instead
   // of a dependent global load between finding a group and its first weight load.
   const bool cached = a.S <= kSlotCache;
@@ -356,12 +362,17 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
   // Aligned ids of this CTA's next item, loaded while the current item streams.
   const bool al = a.mode == kModeAligned;
   AlignedIds pre;
-  if (al && blockIdx.x < n_items) pre = load_aligned_ids(a, blockIdx.x / a.chunks);
-  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const int64_t g = item / a.chunks;
-    const int c = static_cast<int>(item % a.chunks);
+  // Item i is (group i / chunks, chunk i % chunks); stepping by gridDim.x adds (dg, dc).
+  const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
+  uint32_t ng = blockIdx.x / chunks, nc = blockIdx.x - ng * chunks;
+  if (al && blockIdx.x < n_items) pre = load_aligned_ids(a, ng);
+  for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t g = ng;
+    const int c = static_cast<int>(nc);
+    ng += dg, nc += dc;
+    if (nc >= chunks) nc -= chunks, ++ng;
     const AlignedIds cur = pre;
-    if (al && item + gridDim.x < n_items) pre = load_aligned_ids(a, (item + gridDim.x) / a.chunks);
+    if (al && item + gridDim.x < n_items) pre = load_aligned_ids(a, ng);
     int v = -1;
     // Shrink chunks past the largest rank hold nothing (checked again against r_s below).
     if (OP == Op::kShrink && c * a.tile >= a.r_max) continue;

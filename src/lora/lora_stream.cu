@@ -139,7 +139,7 @@ struct Ctx {
   const int* rank;
   const float* scale;
   int V, pieces, kc;
-  int64_t my_tasks;
+  int my_tasks;  // < 2^31: the planner bounds a call's tasks
 };
 
 __device__ __forceinline__ int rank_of(const Ctx& x, int slot) {
@@ -158,41 +158,66 @@ struct Task {
 };
 template <Op OP>
 struct TaskIter {
+  // Division-free: the tasks of a round are blockIdx.x + (l0 + lane) * gridDim.x, and each lane
+  // keeps its task's (group, chunk), stepped by 32 tasks per round (the step's quotient and
+  // remainder by `chunks` taken once). The planner keeps every task index below 2^31, so the
+  // arithmetic is 32-bit. (A 64-bit division per task was ~100 dependent instructions: on the
+  // shrink kernel's three walks it was most of the fixed cost at small T, bench/NOTES.md v0.7.)
   const Ctx& x;
-  int64_t l0 = 0, base = 0;
+  int l0 = 0, vi = 0;
   unsigned m = 0;
-  int ve = -1, rk = 0, vi = 0;
-  __device__ explicit TaskIter(const Ctx& c) : x(c) {}
-  __device__ __forceinline__ bool next(Task& t) {
+  int ve = -1, rk = 0;
+  int lg = 0, lc = 0;  // this lane's (group, chunk) for the current round
+  int dg = 0, dc = 0;  // 32 tasks further: groups and chunks to add
+  bool fresh = true;
+  __device__ explicit TaskIter(const Ctx& c) : x(c) {
+    const uint32_t ch = static_cast<uint32_t>(x.a->chunks);
+    const uint32_t t0 = blockIdx.x + (threadIdx.x & 31) * gridDim.x;
+    lg = static_cast<int>(t0 / ch), lc = static_cast<int>(t0 - lg * ch);
+    const uint32_t step = 32u * gridDim.x;
+    dg = static_cast<int>(step / ch), dc = static_cast<int>(step - dg * ch);
+  }
+  // Loads the next round's expert ids; false at the end of the CTA's tasks.
+  __device__ __forceinline__ bool round() {
     const KernelArgs& a = *x.a;
-    while (m == 0) {  // the next 32 tasks: one expert-id load per lane, kept by ballot
-      if (l0 >= x.my_tasks) return false;
-      const int64_t lt = l0 + (threadIdx.x & 31);
-      ve = -1, rk = 0;
-      bool ok = false;
-      if (lt < x.my_tasks) {
-        const int64_t task = blockIdx.x + lt * gridDim.x;
-        const int64_t g = task / a.chunks;
-        const int c = static_cast<int>(task - g * a.chunks);
-        ve = __ldg(a.rt.expert_ids + g);
-        if (ve >= 0 && ve < x.V) {
-          rk = rank_of(x, ve / a.E);
-          ok = rk > 0 && (OP == Op::kExpand || c * a.tile < rk);
-        }
-      }
-      m = __ballot_sync(~0u, ok);
-      base = l0;
+    if (!fresh) {
+      lg += dg, lc += dc;
+      if (lc >= a.chunks) lc -= a.chunks, ++lg;
       l0 += 32;
     }
+    fresh = false;
+    if (l0 >= x.my_tasks) return false;
+    ve = -1, rk = 0;
+    bool ok = false;
+    if (l0 + (threadIdx.x & 31) < x.my_tasks) {
+      ve = __ldg(a.rt.expert_ids + lg);
+      if (ve >= 0 && ve < x.V) {
+        rk = rank_of(x, ve / a.E);
+        ok = rk > 0 && (OP == Op::kExpand || lc * a.tile < rk);
+      }
+    }
+    m = __ballot_sync(~0u, ok);
+    return true;
+  }
+  __device__ __forceinline__ bool next(Task& t) {
+    while (m == 0)
+      if (!round()) return false;
     const int j = __ffs(m) - 1;
     m &= m - 1;
-    const int64_t task = blockIdx.x + (base + j) * gridDim.x;
-    t.g = task / a.chunks;
-    t.c = static_cast<int>(task - t.g * a.chunks);
+    t.g = __shfl_sync(~0u, lg, j);
+    t.c = __shfl_sync(~0u, lc, j);
     t.v = __shfl_sync(~0u, ve, j);
     t.r = __shfl_sync(~0u, rk, j);
     t.vi = vi++;
     return true;
+  }
+  // The number of valid tasks left (consumes the iterator).
+  __device__ __forceinline__ int count() {
+    int n = __popc(m);
+    m = 0;
+    while (round()) n += __popc(m);
+    m = 0;
+    return n;
   }
 };
 // Calls f(valid_index, group, chunk, v, r) for each valid task, in order (whole warp).
@@ -205,11 +230,17 @@ __device__ __forceinline__ void for_valid_tasks(const Ctx& x, F&& f) {
 
 // The tasks this CTA takes grid-stride: (group, chunk) items of the used blocks of the align
 // output (num_tokens_post_pad, clamped to sorted_len).
-__device__ __forceinline__ int64_t cta_tasks(const KernelArgs& a) {
+__device__ __forceinline__ int cta_tasks(const KernelArgs& a) {
   int64_t used = __ldg(a.rt.num_tokens_post_pad);
   used = max(int64_t{0}, min(used, a.sorted_len));
-  const int64_t n_tasks = used / a.block * a.chunks;
-  return n_tasks > blockIdx.x ? (n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  // The planner keeps groups x chunks below 2^31: 32-bit divisions (a 64-bit one is a long
+  // subroutine that every warp runs before its first task).
+  const uint32_t groups = used < (int64_t{1} << 31)
+                              ? static_cast<uint32_t>(used) / static_cast<uint32_t>(a.block)
+                              : static_cast<uint32_t>(used / a.block);
+  const uint32_t n_tasks = groups * static_cast<uint32_t>(a.chunks);
+  return n_tasks > blockIdx.x ? static_cast<int>((n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x)
+                              : 0;
 }
 // This lane's entry of block g of the align output (-1 past the block or the used length).
 __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
@@ -446,7 +477,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   x.V = a.S * a.E;
   const int64_t K = a.dim;
   x.kc = static_cast<int>(min(K, static_cast<int64_t>(kStreamShrinkKc)));
-  x.pieces = static_cast<int>((K + x.kc - 1) / x.kc);
+  x.pieces = (static_cast<int>(K) + x.kc - 1) / x.kc;  // K <= 16384
   x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x)
@@ -463,26 +494,26 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
   // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
-  int total = 0;  // (as for_valid_tasks; written out, it keeps the measured machine code)
-  {
-    TaskIter<Op::kShrink> it(x);
-    Task t;
-    while (it.next(t)) ++total;
-  }
+  const int total = TaskIter<Op::kShrink>(x).count();
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
-  // 32-bit divisions where the products fit (always, in practice): a 64-bit division is a long
-  // subroutine, and the warp that finishes a cut task evaluates begin() twice per helper.
+  // Split points begin(v) = v * ptot / W, lane v holding begin(v) for v <= W (one division per
+  // lane, all at once: the warp that finishes a cut task reads its helpers' from the lanes).
+  // 32-bit where the products fit (always, in practice): a 64-bit division is a long subroutine.
   const bool small = ptot * W < (int64_t{1} << 32);
-  auto begin = [&](int v) {
-    return small ? static_cast<int64_t>(static_cast<uint32_t>(v) * static_cast<uint32_t>(ptot) /
-                                        static_cast<uint32_t>(W))
-                 : static_cast<int64_t>(v) * ptot / W;
-  };
-  auto task_of = [&](int64_t u) {  // valid task index of piece u
-    return small ? static_cast<int64_t>(static_cast<uint32_t>(u) / static_cast<uint32_t>(x.pieces))
-                 : u / x.pieces;
-  };
-  const int64_t u0 = begin(w), u1 = begin(w + 1);
+  const int64_t my_split =
+      lane > W ? ptot
+      : small  ? static_cast<int64_t>(static_cast<uint32_t>(lane) * static_cast<uint32_t>(ptot) /
+                                     static_cast<uint32_t>(W))
+               : static_cast<int64_t>(lane) * ptot / W;
+  const int64_t u0 = __shfl_sync(~0u, my_split, w), u1 = __shfl_sync(~0u, my_split, w + 1);
+  // Lane v (w < v < W) is set when warp v holds pieces: the candidates to finish a task of ours.
+  const int64_t next_split = __shfl_down_sync(~0u, my_split, 1);  // (every lane: a shuffle)
+  const unsigned holders = __ballot_sync(~0u, lane > w && lane < W && next_split > my_split);
+  // The valid task of piece u0 and the piece within it (later tasks start at piece 0).
+  const int64_t ti0 = small ? static_cast<int64_t>(static_cast<uint32_t>(u0) /
+                                                   static_cast<uint32_t>(x.pieces))
+                            : u0 / x.pieces;
+  const int q0 = static_cast<int>(u0 - ti0 * x.pieces);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
   uint64_t* full = x.full + w * stages;
@@ -500,8 +531,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   TaskIter<Op::kShrink> iss(x);
   Task it_t;
   int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
-  if (it_left > 0) seek(iss, it_t, task_of(u0));
-  int it_q = static_cast<int>(u0 - task_of(u0) * x.pieces);
+  if (it_left > 0) seek(iss, it_t, ti0);
+  int it_q = q0;
   uint32_t n_issued = 0;
   auto issue_next = [&]() {
     if (it_left <= 0) return;
@@ -549,11 +580,14 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   TaskIter<Op::kShrink> cmp(x);
   Task cur, nxt;
   int64_t u = u0;
-  if (u < u1) seek(cmp, cur, task_of(u0));
+  if (u < u1) seek(cmp, cur, ti0);
   int p = u < u1 ? block_entry(a, cur.g) : -1;
+  int64_t ti_next = ti0;
+  int q_next = q0;
   while (u < u1) {
-    const int64_t ti = task_of(u);  // this task's valid index and its pieces [q_lo, q_hi)
-    const int q_lo = static_cast<int>(u - ti * x.pieces);
+    const int64_t ti = ti_next++;  // this task's valid index and its pieces [q_lo, q_hi)
+    const int q_lo = q_next;
+    q_next = 0;
     const int q_hi = static_cast<int>(min(static_cast<int64_t>(x.pieces), q_lo + (u1 - u)));
     u += q_hi - q_lo;
     const bool have_n = u < u1;
@@ -643,9 +677,12 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       continue;
     }
     if (q_hi < x.pieces) {  // finished by later warps: add their partial sums, in warp order
+      // The helpers: warps past this one that hold pieces and start before the task's end
+      // (a warp without pieces leaves nothing).
       const int64_t end = (ti + 1) * x.pieces;
-      for (int v = w + 1; v < W && begin(v) < end; ++v) {
-        if (begin(v + 1) == begin(v)) continue;  // a warp without pieces leaves nothing
+      const unsigned helpers = __ballot_sync(~0u, ((holders >> lane) & 1u) && my_split < end);
+      for (unsigned hm = helpers; hm != 0; hm &= hm - 1) {
+        const int v = __ffs(hm) - 1;
         bar_wait(ready + v, 0);
         const float2* theirs = reinterpret_cast<const float2*>(part) + v * kB * 32 + lane;
 #pragma unroll
@@ -715,9 +752,13 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
   // This warp's tasks, the pair ids of the next one loaded while the current one runs.
   TaskIter<Op::kExpand> it(x);
+  int turn = 0;  // the next valid task's index modulo consumers (kept without a division)
   auto next_mine = [&](Task& t) {
-    while (it.next(t))
-      if (t.vi % consumers == w) return true;
+    while (it.next(t)) {
+      const bool mine = turn == w;
+      if (++turn == consumers) turn = 0;
+      if (mine) return true;
+    }
     return false;
   };
   Task cur, nxt;
