@@ -444,4 +444,12 @@ Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream
                                  dtype_name(dt));
 }
 
+__global__ void molora_lora_empty() {}
+
+Status launch_empty(int grid, int threads, cudaStream_t stream) {
+  molora_lora_empty<<<static_cast<unsigned>(grid), static_cast<unsigned>(threads), 0, stream>>>();
+  MOLORA_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
 }  // namespace molora::lora::detail

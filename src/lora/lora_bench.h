@@ -44,6 +44,9 @@ struct Result {
 
 // Device-to-device copy bandwidth (read + write counted), GB/s.
 Status measure_copy_gbps(double* gbps);
+// One empty kernel of one CTA per SM x 384 threads, timed as run_case times a call (graph
+// replays of kRot launches): the launch cost every call pays before it moves a byte, us.
+Status measure_empty_launch_us(double* us);
 // Times one case; copy_gbps from measure_copy_gbps.
 Status run_case(const Case& c, double copy_gbps, Result* out);
 

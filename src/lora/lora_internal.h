@@ -83,6 +83,9 @@ constexpr int kExpandMembers = 8;
 
 // Launches the planned kernel (lora.cu). dtype kF16 or kBF16.
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
+// An empty kernel of `grid` CTAs x `threads` (the benchmark's launch baseline: what one call
+// costs before it moves a byte).
+Status launch_empty(int grid, int threads, cudaStream_t stream);
 // CTAs of the kernel (U = unroll) that fit on one SM with `smem` dynamic shared memory (0 if
 // unknown).
 int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem);

@@ -98,6 +98,16 @@ __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t
   }
   bar_wait(full, (static_cast<uint32_t>(pos) / static_cast<uint32_t>(stages)) & 1u);
 }
+// A ring position kept as (stage, fill number) and stepped without dividing by `stages` (a
+// runtime value: each division is ~20 dependent instructions on the per-piece path).
+struct RingPos {
+  int s = 0;       // stage
+  uint32_t n = 0;  // fills of that stage before this one
+  __device__ __forceinline__ void step(int d, int stages) {
+    s += d;
+    while (s >= stages) s -= stages, ++n;
+  }
+};
 // One bulk copy global -> this CTA's shared memory, completing `bytes` on barrier b.
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* b,
                                          uint64_t policy) {
@@ -257,6 +267,7 @@ __device__ void produce(const Ctx& x) {
   const int R = a.r_max;
   const T* W = static_cast<const T*>(a.w);
   // Waits for the stage of `pos` to be free, announces its bytes and issues its copies.
+  // (Expand keeps its divisions: the same without them measured 1-2% slower, v0.7.)
   auto issue = [&](int64_t pos, int c, int v, int r) {
     // Positions fit in 32 bits (a CTA's tasks < 2^31): 32-bit division.
     const uint32_t up = static_cast<uint32_t>(pos), us = static_cast<uint32_t>(x.L.stages);
@@ -494,7 +505,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
   // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
-  const int total = TaskIter<Op::kShrink>(x).count();
+  const TaskIter<Op::kShrink> walk(x);  // (three walks below start from copies of it)
+  const int total = TaskIter<Op::kShrink>(walk).count();
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
   // Split points begin(v) = v * ptot / W, lane v holding begin(v) for v <= W (one division per
   // lane, all at once: the warp that finishes a cut task reads its helpers' from the lanes).
@@ -528,15 +540,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   };
 
   // Issue side: this warp's pieces in order (task by task, K-chunk by K-chunk), `stages` ahead.
-  TaskIter<Op::kShrink> iss(x);
+  TaskIter<Op::kShrink> iss(walk);
   Task it_t;
   int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
   if (it_left > 0) seek(iss, it_t, ti0);
   int it_q = q0;
-  uint32_t n_issued = 0;
+  int iss_s = 0;  // the stage of the next piece to issue
   auto issue_next = [&]() {
     if (it_left <= 0) return;
-    const uint32_t s = n_issued % static_cast<uint32_t>(stages);
+    const int s = iss_s;
+    if (++iss_s == stages) iss_s = 0;
     uint8_t* dst = ring + static_cast<size_t>(s) * kStage;
     uint64_t* b = full + s;
     const int64_t k0 = static_cast<int64_t>(it_q) * x.kc;
@@ -563,7 +576,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
                  static_cast<uint32_t>(cb) * 2, b, pol);
       }
     }
-    ++n_issued;
     --it_left;
     if (++it_q == x.pieces) {
       it_q = 0;
@@ -576,8 +588,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   constexpr int kB = kStreamMaxBlock / 8;     // batches of 8 members
   constexpr int kSup = kStreamShrinkKc / 32;  // supersteps of one piece
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint32_t n_done = 0;
-  TaskIter<Op::kShrink> cmp(x);
+  RingPos done;  // the next piece to compute
+  TaskIter<Op::kShrink> cmp(walk);
   Task cur, nxt;
   int64_t u = u0;
   if (u < u1) seek(cmp, cur, ti0);
@@ -617,8 +629,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
                     ? __ldg(reinterpret_cast<const uint4*>(X + xrow0 + k0) + vec)
                     : zero;
       }
-      const uint32_t s = n_done % static_cast<uint32_t>(stages);
-      bar_wait(full + s, (n_done / static_cast<uint32_t>(stages)) & 1u);
+      const int s = done.s;
+      bar_wait(full + s, done.n & 1u);
       const uint4* ws = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(s) * kStage);
       if (math) {
 #pragma unroll
@@ -660,7 +672,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
         }
       }
       __syncwarp();  // every lane is done with the stage: refill it
-      ++n_done;
+      done.step(1, stages);
       issue_next();
     }
     acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
