@@ -95,7 +95,8 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
     """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" with
-    aligned routing and block_size <= 32 for shrink when num_tokens * top_k >= 128 and for
+    aligned routing and block_size <= 32 for shrink when num_tokens * top_k >= 128 (>= 64 at
+    K >= 6144) and for
     expand when it is >= 64 (>= 1024 when r_max < 32), else "grid"; pass ``kernel`` to force
     one; "stream" needs aligned routing and block_size <= 32),
     ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
