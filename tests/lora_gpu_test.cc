@@ -3,8 +3,11 @@
 // argument errors.
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #include "gpu_test_util.h"
 #include "lora_test_util.h"
+#include "molora/settings.h"
 
 using namespace lora_test;
 
@@ -263,6 +266,72 @@ TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
   }
+}
+
+// MOLORA_LORA_PDL=1 (programmatic dependent launch): every kernel against the reference, and a
+// shrink -> expand chain, eager and replayed from a graph, where expand reads the t that shrink
+// has just written (each kernel may start while the one before it runs, so its wait must come
+// before its first read): the same bits as with the setting off.
+TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
+  } reset;
+  std::mt19937_64 rng(fresh_seed());
+  molora::set_setting("MOLORA_LORA_PDL", "1");
+  for (Op op : {Op::kShrink, Op::kExpand}) {
+    Case c;
+    c.op = op, c.routing = RoutingKind::kAligned, c.T = 64, c.k = 8, c.S = 8, c.E = 160;
+    c.r_max = 32, c.dim = op == Op::kShrink ? 2048 : 1536, c.block = 16;
+    check_case(c, rng);
+    c.T = 2;  // the grid kernel by default
+    check_case(c, rng);
+  }
+  Case cs;
+  cs.op = Op::kShrink, cs.routing = RoutingKind::kAligned, cs.T = 64, cs.k = 8, cs.S = 8;
+  cs.E = 160, cs.r_max = 32, cs.dim = 4096, cs.block = 16;
+  Data ds = make_data(cs, rng);
+  Case ce = cs;
+  ce.op = Op::kExpand, ce.dim = 2048;
+  Data de = make_data(ce, rng);
+  de.ranks = ds.ranks, de.slot = ds.slot, de.topk = ds.topk, de.sorted = ds.sorted;
+  de.expert_ids = ds.expert_ids, de.ntpp = ds.ntpp, de.pb.sorted_len = ds.pb.sorted_len;
+  DevData gs(ds), ge(de);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto chain = [&]() {  // shrink into gs.out (poisoned first), expand from it into ge.out
+    Status a = run_gpu(ds, gs, nullptr, s);
+    Status b = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p, ge.routing(),
+                      ge.out.p, s);
+    return a.ok() ? b : a;
+  };
+  molora::set_setting("MOLORA_LORA_PDL", "0");
+  ASSERT_TRUE(chain().ok());
+  CK(cudaStreamSynchronize(s));
+  const std::vector<uint16_t> t_ref = gs.out.get(), y_ref = ge.out.get();
+  molora::set_setting("MOLORA_LORA_PDL", "1");
+  gs.out.set(ds.out), ge.out.set(de.out);
+  ASSERT_TRUE(chain().ok());
+  CK(cudaStreamSynchronize(s));
+  EXPECT_EQ(gs.out.get(), t_ref);
+  EXPECT_EQ(ge.out.get(), y_ref) << "eager chain";
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  Status st = chain();
+  CK(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    gs.out.set(ds.out), ge.out.set(de.out);
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT_EQ(gs.out.get(), t_ref) << "replay " << rep;
+    EXPECT_EQ(ge.out.get(), y_ref) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
 }
 
 TEST(LoraGpu, BadArgumentsAreRejected) {

@@ -274,6 +274,52 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 // pipeline stages; the planner takes it for expand with r_max >= 32 and P >= 64 (P >= 1024
 // below), for shrink with P >= 128, grid elsewhere; asking for it where it does not apply, or for
 // knobs it does not have, is an error.
+// Programmatic dependent launch: by default on the stream kernels and grid expand (where it
+// measured faster), never on grid shrink; MOLORA_LORA_PDL=1 / 0 force it; other values are an
+// error naming the setting. The plan says so.
+TEST(LoraPlan, DependentLaunchChoice) {
+  struct Reset {
+    ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
+  } reset;
+  Problem pb = seed_expand_problem();
+  pb.routing = RoutingKind::kAligned;
+  pb.block_size = 16;
+  pb.sorted_len = 512 + 1280 * 15;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_TRUE(pl.pdl);
+  EXPECT_NE(pl.to_string().find(" pdl"), std::string::npos) << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"pdl\":true"), std::string::npos);
+  o.kernel = "grid";
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_TRUE(pl.pdl);  // grid expand
+  Problem sh = pb;
+  sh.op = Op::kShrink, sh.K = 6144, sh.N = 0;
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_FALSE(pl.pdl);  // grid shrink
+  EXPECT_EQ(pl.to_string().find(" pdl"), std::string::npos) << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"pdl\":false"), std::string::npos);
+  o.kernel.clear();
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_TRUE(pl.pdl);  // stream shrink
+  molora::set_setting("MOLORA_LORA_PDL", "0");
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_FALSE(pl.pdl);
+  molora::set_setting("MOLORA_LORA_PDL", "1");
+  o.kernel = "grid";
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_TRUE(pl.pdl);
+  molora::set_setting("MOLORA_LORA_PDL", "yes");
+  Status st = plan(sh, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("MOLORA_LORA_PDL"), std::string::npos) << st.message();
+}
+
 TEST(LoraPlan, StreamKernelChoice) {
   Problem pb = seed_expand_problem();
   pb.routing = RoutingKind::kAligned;

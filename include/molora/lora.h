@@ -89,6 +89,11 @@ struct Plan {
   bool bytes_exact = false;
   double bandwidth_gbps = 0;  // bandwidth assumed for the floor
   double floor_us = 0;        // bytes / bandwidth
+  // Launched with programmatic dependent launch (sm_90): the call's launch and set-up overlap
+  // the kernel before it in the stream, whose completion it waits for before touching memory.
+  // MOLORA_LORA_PDL: "" = where it measured faster (the stream kernels and grid expand), "1" =
+  // always, "0" = never.
+  bool pdl = false;
   std::string to_string() const;
   std::string to_json() const;
 };
@@ -103,8 +108,8 @@ struct PlanOptions {
   int force_unroll = 0;
   // Kernel: "" = MOLORA_LORA_KERNEL, else the planner's choice (stream for aligned routing with
   // block size <= 32 from P = 128 pairs for shrink (P = 64 at K >= 6144), P = 64 for expand at
-  // r_max >= 32, P = 1024 below; grid otherwise); "grid" forces the grid kernel; "stream" asks for the stream kernel
-  // and is an error where it does not apply.
+  // r_max >= 32, P = 1024 below; grid otherwise); "grid" forces the grid kernel; "stream" asks for
+  // the stream kernel and is an error where it does not apply.
   std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;

@@ -105,7 +105,9 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     ``est_items``, ``grid``/``ctas`` (one CTA per possible item), ``ctas_per_sm`` (resident,
     0 without a GPU), ``threads``, ``smem_bytes``, ``bytes`` that
     must move (exact when ``stats`` gives active_pairs, active_tokens, distinct_pairs,
-    distinct_rank8, active_rank8) and ``floor_us`` at ``bandwidth_gbps`` (default 4300).
+    distinct_rank8, active_rank8), ``floor_us`` at ``bandwidth_gbps`` (default 4300) and
+    ``pdl`` (launched with programmatic dependent launch: by default the stream kernels and
+    grid expand; MOLORA_LORA_PDL=1 / 0 forces it on / off).
 
     Shrink takes ``K`` (input features), expand takes ``N`` (output features)."""
     if op not in ("shrink", "expand"):

@@ -34,6 +34,10 @@ const std::vector<SettingInfo>& registered_settings() {
        "path of a tuned LoRA config JSON (default: the file for this GPU)"},
       {"MOLORA_LORA_KERNEL", "",
        "LoRA kernel: empty = the planner's choice, grid or stream (aligned, block <= 32)"},
+      {"MOLORA_LORA_PDL", "",
+       "programmatic dependent launch of the LoRA kernels (sm_90: a call's launch overlaps the "
+       "kernel before it): empty = where it measured faster (stream kernels, grid expand), 1 = "
+       "always, 0 = never"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
        "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map)"},

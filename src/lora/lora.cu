@@ -330,6 +330,8 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, float scale, cons
 
 template <Op OP, typename T, int U>
 __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) {
+  pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
+  pdl_wait();     // the kernel before this one is done (a no-op without the launch attribute)
   extern __shared__ int s_mem[];
   __shared__ int s_wcnt[kWarps];
   __shared__ float s_red[kWarps][kShrinkMembers];
@@ -398,8 +400,8 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if (plan.smem_bytes > 48 * 1024)
     MOLORA_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(plan.smem_bytes)));
-  kern<<<static_cast<unsigned>(plan.grid), kThreads, plan.smem_bytes, stream>>>(a);
-  MOLORA_CUDA_CHECK(cudaGetLastError());
+  MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid), kThreads,
+                                  plan.smem_bytes, stream, a));
   return Status::Ok();
 }
 

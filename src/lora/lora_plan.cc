@@ -151,8 +151,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // 14.1 us, K=7168 14.3 vs 14.4; K=4096 10.7 vs 10.3, K=2048 6.2 vs 5.6), else grid.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  const int64_t stream_from = pb.op == Op::kShrink ? (pb.K >= 6144 ? 64 : 128)
-                                                   : (pb.r_max >= 32 ? 64 : 1024);
+  const int64_t stream_from =
+      pb.op == Op::kShrink ? (pb.K >= 6144 ? 64 : 128) : (pb.r_max >= 32 ? 64 : 1024);
   if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
@@ -185,6 +185,13 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                           : aligned ? "aligned"
                                     : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
   pl.variant = std::string(op_name(pb.op)) + "." + mode_name + "." + dtype_name(pb.dtype);
+  // Programmatic dependent launch where it measured faster on the H200 (bench/NOTES.md "lora
+  // v0.7": 0.5-1 us per call on the stream kernels and grid expand; grid shrink at T=1 was up to
+  // 0.8 us slower with it).
+  const std::string pdl = get_setting("MOLORA_LORA_PDL");
+  if (pdl != "" && pdl != "0" && pdl != "1")
+    return Status::InvalidArgument("MOLORA_LORA_PDL must be empty, 0 or 1, got '" + pdl + "'");
+  pl.pdl = pdl == "1" || (pdl.empty() && (stream || pb.op == Op::kExpand));
 
   // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
   // min(P, V) (every pair its own virtual expert; plain-pairs: every pair).
@@ -324,7 +331,7 @@ std::string Plan::to_string() const {
   o << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
     << "x" << threads << " (" << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes"
     << (bytes_exact ? "=" : "<=") << bytes << " floor=" << floor_us << "us@" << bandwidth_gbps
-    << "GB/s";
+    << "GB/s" << (pdl ? " pdl" : "");
   return o.str();
 }
 
@@ -348,7 +355,8 @@ std::string Plan::to_json() const {
                       {"bytes", bytes},
                       {"bytes_exact", bytes_exact},
                       {"bandwidth_gbps", bandwidth_gbps},
-                      {"floor_us", floor_us}};
+                      {"floor_us", floor_us},
+                      {"pdl", pdl}};
   return j.dump();
 }
 

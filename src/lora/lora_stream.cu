@@ -472,6 +472,7 @@ template <typename T>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
+  pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
   extern __shared__ __align__(128) uint8_t smem[];
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
@@ -489,10 +490,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int64_t K = a.dim;
   x.kc = static_cast<int>(min(K, static_cast<int64_t>(kStreamShrinkKc)));
   x.pieces = (static_cast<int>(K) + x.kc - 1) / x.kc;  // K <= 16384
-  x.my_tasks = cta_tasks(a);
-  if (a.S <= kSlots)
-    for (int s = threadIdx.x; s < a.S; s += blockDim.x)
-      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
   uint64_t* ready = reinterpret_cast<uint64_t*>(smem + x.L.ready);
   float* part = reinterpret_cast<float*>(smem + x.L.part);
   if (threadIdx.x == 0) {
@@ -500,6 +497,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     for (int v = 0; v < W; ++v) bar_init(ready + v, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  x.my_tasks = cta_tasks(a);
+  if (a.S <= kSlots)
+    for (int s = threadIdx.x; s < a.S; s += blockDim.x)
+      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
   __syncthreads();
   // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
@@ -522,9 +524,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int64_t next_split = __shfl_down_sync(~0u, my_split, 1);  // (every lane: a shuffle)
   const unsigned holders = __ballot_sync(~0u, lane > w && lane < W && next_split > my_split);
   // The valid task of piece u0 and the piece within it (later tasks start at piece 0).
-  const int64_t ti0 = small ? static_cast<int64_t>(static_cast<uint32_t>(u0) /
-                                                   static_cast<uint32_t>(x.pieces))
-                            : u0 / x.pieces;
+  const int64_t ti0 =
+      small ? static_cast<int64_t>(static_cast<uint32_t>(u0) / static_cast<uint32_t>(x.pieces))
+            : u0 / x.pieces;
   const int q0 = static_cast<int>(u0 - ti0 * x.pieces);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
@@ -727,6 +729,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 template <typename T, int NT, int SUP>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
     molora_lora_expand(KernelArgs a, int stages) {
+  pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
   extern __shared__ __align__(128) uint8_t smem[];
   const int consumers = static_cast<int>(blockDim.x / 32) - 1;
   Ctx x;
@@ -743,17 +746,18 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   x.V = a.S * a.E;
   x.kc = 0;
   x.pieces = 1;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bar_init(x.full + s, 1), bar_init(x.empty + s, 1);
+    *x.issued = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
   x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x) {
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
       s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
     }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) bar_init(x.full + s, 1), bar_init(x.empty + s, 1);
-    *x.issued = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {
@@ -806,9 +810,9 @@ Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
-  kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
-      k, plan.stages);
-  MOLORA_CUDA_CHECK(cudaGetLastError());
+  MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid),
+                                  static_cast<unsigned>(plan.threads), smem, stream, k,
+                                  plan.stages));
   return Status::Ok();
 }
 
@@ -865,9 +869,9 @@ Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
   const int use_map = shrink_map(a, &map) ? 1 : 0;
-  kern<<<static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.threads), smem, stream>>>(
-      k, plan.stages, map, use_map);
-  MOLORA_CUDA_CHECK(cudaGetLastError());
+  MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid),
+                                  static_cast<unsigned>(plan.threads), smem, stream, k, plan.stages,
+                                  map, use_map));
   return Status::Ok();
 }
 

@@ -147,11 +147,13 @@ def test_plan_reports_grid_bytes_floor():
     a = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7168, routing="aligned", block_size=16, config_path="none")
     assert a["variant"] == "shrink.aligned.bf16" and a["kernel"] == "grid" and a["stages"] == 0
+    assert a["pdl"] is False  # grid shrink: no programmatic dependent launch by default
     st = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                           r_max=32, K=7168, routing="aligned", block_size=16, config_path="none",
                           kernel="stream")
     assert st["variant"] == "shrink.aligned-stream.bf16"
     assert st["kernel"] == "stream" and st["stages"] > 0 and st["tile"] == 8
+    assert st["pdl"] is True
     with pytest.raises(ValueError, match="block_size"):
         molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7168, routing="aligned", block_size=64, kernel="stream")
