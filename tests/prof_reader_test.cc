@@ -108,7 +108,9 @@ TEST(ProfReader, GzipSingleAndMultiMember) {
 }
 
 // Both gzip inflaters (ISA-L igzip when built with it, zlib) give the same verdict and trace:
-// one member, several members with zero padding between, truncated, corrupted, bad CRC.
+// one member, several members with zero padding between, truncated, corrupted, bad CRC, and
+// reserved header flag bits set, in the first member or the second (a fuzzer case: igzip
+// accepted them, zlib did not).
 TEST(ProfReader, GzipInflatersAgree) {
   tg::Options o;
   o.steps = 3;
@@ -121,7 +123,14 @@ TEST(ProfReader, GzipInflatersAgree) {
   crc[crc.size() - 6] ^= 0x01;  // the trailer's CRC32
   std::string corrupt = one;
   for (size_t i = corrupt.size() / 3; i < corrupt.size() / 3 + 8; ++i) corrupt[i] ^= 0x5a;
-  const std::string cases[] = {one, multi, one.substr(0, one.size() / 2), crc, corrupt};
+  std::string reserved = one;
+  reserved[3] |= 0x40;  // FLG: a reserved bit
+  std::string reserved2 = gzip(json.substr(0, json.size() / 2), 1);
+  const size_t second = reserved2.size();
+  reserved2 += gzip(json.substr(json.size() / 2), 9);
+  reserved2[second + 3] |= 0x80;
+  const std::string cases[] = {one,      multi,    one.substr(0, one.size() / 2), crc, corrupt,
+                               reserved, reserved2};
   for (size_t c = 0; c < std::size(cases); ++c) {
     std::string verdicts[2];
     Digest d[2]{};

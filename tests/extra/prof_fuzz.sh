@@ -67,6 +67,10 @@ PY
 for f in tests/data/prof_*.json; do
   [ -f "$f" ] && { printf '\x09'; head -c 65536 "$f"; } > "$OUT/corpus/fixture_$(basename "$f")"
 done
+# Inputs the fuzzer once failed on (option byte included): every run starts from them.
+for f in tests/data/prof_fuzz_*.bin; do
+  [ -f "$f" ] && cp "$f" "$OUT/corpus/regression_$(basename "$f")"
+done
 echo "prof_fuzz: running $SECONDS_TO_RUN s"
 "$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
