@@ -551,9 +551,11 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
     std::ofstream f(path);
     f << R"({"gpu": "test", "entries": [
       {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
-       "p_max": 64, "tile": 256, "unroll": 4},
+       "p_min": 9, "p_max": 64, "tile": 256, "unroll": 4},
       {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16,
-       "p_max": 512, "tile": 128}]})";
+       "p_min": 65, "p_max": 512, "tile": 128},
+      {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 4096, "r_max": 16,
+       "p_max": 512, "tile": 64}]})";
   }
   Problem pb;
   pb.op = Op::kExpand;
@@ -579,6 +581,15 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   pb.num_tokens = 128;  // P = 1024: no entry
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.source, "heuristic");
+  // P = 8, below both entries' p_min (a token count the tuner left to the heuristic): no entry.
+  pb.num_tokens = 1;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "heuristic");
+  pb.N = 4096;  // an entry without p_min covers every P up to its p_max
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.source, "tuned:" + path);
+  EXPECT_EQ(pl.tile, 64);
+  pb.N = 2048;
   // The setting is read when used.
   molora::set_setting("MOLORA_LORA_CONFIG", path);
   o.config_path = "";

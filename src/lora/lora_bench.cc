@@ -433,6 +433,18 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   return Status::Ok();
 }
 
+// The token counts the tuner measures; an entry covers the pairs of its count down to the
+// count below (p_min), so a count whose best was the heuristic keeps the heuristic.
+constexpr int kTuneTs[] = {1, 8, 32, 64, 128, 256};
+int64_t tune_p_min(int T, int k) {
+  int64_t prev = 0;
+  for (int t : kTuneTs) {
+    if (t == T) return prev * k + 1;
+    prev = t;
+  }
+  return 1;
+}
+
 Status tune(const std::string& path, std::ostream& log) {
   double copy = 0;
   MOLORA_RETURN_IF_ERROR(measure_copy_gbps(&copy));
@@ -445,7 +457,7 @@ Status tune(const std::string& path, std::ostream& log) {
   for (Op op : {Op::kExpand, Op::kShrink})
     for (const Shape& sh : seed_shapes())
       for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
-        for (int T : {1, 8, 32, 64, 128, 256}) {
+        for (int T : kTuneTs) {
           // The grid kernel (the planner's default): tile x unroll.
           std::vector<int> tiles = op == Op::kShrink
                                        ? std::vector<int>{1, 2, 4, 8, 16, 32}
@@ -479,6 +491,7 @@ Status tune(const std::string& path, std::ostream& log) {
                                {"routing", routing_name(rk)},
                                {"dim", sh.dim},
                                {"r_max", sh.r},
+                               {"p_min", tune_p_min(T, 8)},
                                {"p_max", T * 8},
                                {"tile", bt},
                                {"unroll", bu},

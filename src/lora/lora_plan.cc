@@ -89,8 +89,11 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
         e.value("routing", "") != routing_name(pb.routing) || e.value("dim", 0LL) != dim ||
         e.value("r_max", 0) != pb.r_max || e.value("kernel", "grid") != kernel)
       continue;
+    // [p_min, p_max]: the pairs of the token count the entry was tuned at, down to the bucket
+    // below (an entry without p_min covers every P up to p_max). A P in a bucket the tuner
+    // measured and left to the heuristic has no entry, so it must not take a larger bucket's.
     int64_t pm = e.value("p_max", 0LL);
-    if (pm < P) continue;
+    if (pm < P || e.value("p_min", 0LL) > P) continue;
     if (best_p < 0 || pm < best_p) {
       best_p = pm;
       out->tile = e.value("tile", 0);
