@@ -63,6 +63,13 @@ struct DevData {
   }
 };
 
+// Gives `to` (an expand) the routing, ranks and layout of `from` (a shrink), so that the expand
+// reads the pairs the shrink wrote.
+void share_routing(Data& to, const Data& from) {
+  to.ranks = from.ranks, to.slot = from.slot, to.topk = from.topk, to.sorted = from.sorted;
+  to.expert_ids = from.expert_ids, to.ntpp = from.ntpp, to.pb.sorted_len = from.pb.sorted_len;
+}
+
 Status run_gpu(const Data& d, DevData& g, const Plan* pl, cudaStream_t s) {
   return d.pb.op == Op::kShrink
              ? shrink(d.pb, pl, g.in.p, g.w.p, g.ranks.p, g.routing(), g.out.p, s)
@@ -228,8 +235,7 @@ TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
     Case ce = cs;
     ce.op = Op::kExpand;
     Data de = make_data(ce, rng);
-    de.ranks = ds.ranks, de.slot = ds.slot, de.topk = ds.topk, de.sorted = ds.sorted;
-    de.expert_ids = ds.expert_ids, de.ntpp = ds.ntpp, de.pb.sorted_len = ds.pb.sorted_len;
+    share_routing(de, ds);
     DevData gs(ds), ge(de);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -294,8 +300,7 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   Case ce = cs;
   ce.op = Op::kExpand, ce.dim = 2048;
   Data de = make_data(ce, rng);
-  de.ranks = ds.ranks, de.slot = ds.slot, de.topk = ds.topk, de.sorted = ds.sorted;
-  de.expert_ids = ds.expert_ids, de.ntpp = ds.ntpp, de.pb.sorted_len = ds.pb.sorted_len;
+  share_routing(de, ds);
   DevData gs(ds), ge(de);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -220,6 +220,14 @@ Problem seed_expand_problem() {
   pb.N = 6144;
   return pb;
 }
+// The same on the align layout: blocks of 16 pairs, sorted_len for P = 512 and V = 1280.
+Problem seed_expand_aligned() {
+  Problem pb = seed_expand_problem();
+  pb.routing = RoutingKind::kAligned;
+  pb.block_size = 16;
+  pb.sorted_len = 512 + 1280 * 15;
+  return pb;
+}
 }  // namespace
 
 TEST(LoraPlan, HeuristicFieldsAreConsistent) {
@@ -281,10 +289,7 @@ TEST(LoraPlan, DependentLaunchChoice) {
   struct Reset {
     ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
   } reset;
-  Problem pb = seed_expand_problem();
-  pb.routing = RoutingKind::kAligned;
-  pb.block_size = 16;
-  pb.sorted_len = 512 + 1280 * 15;
+  Problem pb = seed_expand_aligned();
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
@@ -321,10 +326,7 @@ TEST(LoraPlan, DependentLaunchChoice) {
 }
 
 TEST(LoraPlan, StreamKernelChoice) {
-  Problem pb = seed_expand_problem();
-  pb.routing = RoutingKind::kAligned;
-  pb.block_size = 16;
-  pb.sorted_len = 512 + 1280 * 15;
+  Problem pb = seed_expand_aligned();
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";

@@ -167,17 +167,15 @@ Status measure_copy_gbps(double* gbps) {
   return Status::Ok();
 }
 
-Status measure_empty_launch_us(double* us) {
-  int dev = 0, sms = 0;
-  MOLORA_CUDA_CHECK(cudaGetDevice(&dev));
-  MOLORA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaStream_t s;
-  MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+// Captures call(0..kRot-1) on stream s into one graph, replays it (once to warm, then 8 times
+// timed) and gives the time per call, us.
+template <typename F>
+Status time_graph_us(cudaStream_t s, F&& call, double* us) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   MOLORA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   Status cap;
-  for (int i = 0; i < kRot && cap.ok(); ++i) cap = detail::launch_empty(sms, 384, s);
+  for (int i = 0; i < kRot && cap.ok(); ++i) cap = call(i);
   MOLORA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   MOLORA_RETURN_IF_ERROR(cap);
   MOLORA_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
@@ -196,8 +194,20 @@ Status measure_empty_launch_us(double* us) {
   cudaEventDestroy(e1);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
   *us = ms * 1e3 / (reps * kRot);
+  return Status::Ok();
+}
+
+Status measure_empty_launch_us(double* us) {
+  int dev = 0, sms = 0;
+  MOLORA_CUDA_CHECK(cudaGetDevice(&dev));
+  MOLORA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaStream_t s;
+  MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const Status st = time_graph_us(
+      s, [&](int) { return detail::launch_empty(sms, 384, s); }, us);
+  cudaStreamDestroy(s);
+  MOLORA_RETURN_IF_ERROR(st);
   return Status::Ok();
 }
 
@@ -285,32 +295,10 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   };
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  MOLORA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  Status cap;
-  for (int i = 0; i < kRot && cap.ok(); ++i) cap = call(i);
-  MOLORA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  MOLORA_RETURN_IF_ERROR(cap);
-  MOLORA_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t e0, e1;
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
-  const int reps = 8;
-  MOLORA_CUDA_CHECK(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  MOLORA_CUDA_CHECK(cudaEventRecord(e1, s));
-  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  MOLORA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
   Result r;
-  r.us = ms * 1e3 / (reps * kRot);
+  const Status st = time_graph_us(s, call, &r.us);
+  cudaStreamDestroy(s);
+  MOLORA_RETURN_IF_ERROR(st);
   r.bytes = int64_t(bytes_sum / kRot);
   r.floor_us = double(r.bytes) / (copy_gbps * 1e3);
   r.gbps = r.bytes / (r.us * 1e3);
