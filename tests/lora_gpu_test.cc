@@ -3,6 +3,7 @@
 // argument errors.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "gpu_test_util.h"
@@ -88,7 +89,8 @@ std::vector<uint16_t> run_cpu(const Data& d) {
 }
 
 // Runs one case on the GPU and checks it: the default plan, the grid kernel, the stream kernel
-// where it applies (aligned, block <= 32), and the grid kernel at each forced tile given.
+// where it applies (aligned, block <= 32; expand also at tiles of 32 and 96 rows), and the grid
+// kernel at each forced tile given.
 void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0}) {
   SCOPED_TRACE(c.name());
   Data d = make_data(c, rng);
@@ -99,6 +101,11 @@ void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0
   if (stream_ok) runs.push_back({"stream", 0});
   for (int tile : tiles)
     if (tile > 0) runs.push_back({"grid", tile});
+  // Stream expand at tiles below its stage's rows (a task ends inside a group of 8-row tiles).
+  const int stream_rows = std::min(512, 16384 / (2 * c.r_max));
+  if (stream_ok && c.op == Op::kExpand)
+    for (int tile : {32, 96})
+      if (tile < stream_rows) runs.push_back({"stream", tile});
   for (auto& [kernel, tile] : runs) {
     SCOPED_TRACE("kernel '" + kernel + "' tile " + std::to_string(tile));
     Plan pl;

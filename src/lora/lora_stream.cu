@@ -289,8 +289,8 @@ __device__ void produce(const Ctx& x) {
     } else if (r8 == R) {
       if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
     } else {
-      for (int j = lane; j < rows; j += 32)
-        bulk_g2s(dst + static_cast<size_t>(j) * r8 * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
+      for (int j = lane; j < rows; j += 32)  // rows keep the r_max pitch in the stage
+        bulk_g2s(dst + static_cast<size_t>(j) * R * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
                  x.full + s, pol);
     }
     if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
@@ -362,26 +362,66 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 //   v.x: step 0, k 2c..2c+1   v.y: step 0, k 2c+8..   v.z: step 1, k 2c..   v.w: step 1, k 2c+8..
 // The vector of a row past its nv = ceil(r / 8) vectors is zero, and its last vector is masked
 // past r, for both operands (0 * NaN would be NaN).
+//
+// r_max <= 16 (one m16n8k16 step covers the row): lane c takes the physical k 4c..4c+3 as the
+// step's k 2c, 2c+1 (word x) and 2c+8, 2c+9 (word y): one 8-byte load per operand and one step
+// per 8-row tile, where the 32-k superstep above would spend half its steps and loads on zeros.
+
+// A 4-byte global store when `c` holds, as one predicated instruction: no branch, so the
+// compiler keeps a group's shared-memory loads and tensor-core steps ahead of its stores instead
+// of sinking each tile's into the block of the store before it (one tile at a time, serialised).
+__device__ __forceinline__ void st_global_if(uint32_t* p, uint32_t v, bool c) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q st.global.b32 [%0], %1;\n}" ::"l"(p),
+      "r"(v), "r"(static_cast<uint32_t>(c))
+      : "memory");
+}
+
+// The keep mask of a lane's 8-byte k16 vector (elements 4c..4c+3) for a row of rank r.
+__device__ __forceinline__ uint2 keep_k16(int r, int cq) {
+  const int e = 4 * cq;
+  auto word = [r](int i) { return (i + 1 < r ? ~0u : i < r ? 0xffffu : 0u); };
+  return make_uint2(word(e), word(e + 2));
+}
 
 // --- expand consumer: y[p, n0 + n] += scale * B[v, n0 + n, :r] . t[p, :r] --------------------
 // Tensor cores, A = t (8 members of a batch in rows 0..7, rows 8..15 zero), B = the weight tile
-// (k x 8 rows of N): per 8-row tile and superstep one 16-byte shared-memory load and two
-// m16n8k16 steps; the accumulator gives lane (g, c) rows 2c, 2c + 1 of member g, so y moves as
-// one 4-byte word. The y words of member g for every 8-row tile (NT of them) and the t vectors
-// are loaded into registers while the weights land (batches past the first: after). NT = the task's
-// 8-row tiles (the plan's tile / 8), SUP = supersteps of r_max (r_max / 32, at least 1).
-template <typename T, int NT, int SUP>
+// (k x 8 rows of N): per 8-row tile one shared-memory load per superstep (16 bytes; 8 bytes at
+// r_max <= 16) and two m16n8k16 steps per superstep (one at r_max <= 16); the accumulator gives
+// lane (g, c) rows 2c, 2c + 1 of member g, so y moves as one 4-byte word. The y words of member
+// g for every 8-row tile (NT of them) and the t vectors are loaded into registers while the
+// weights land (batches past the first: after). RM = r_max (compile time: the stage's row
+// pitch, the tiles per task NT and the supersteps SUP follow from it).
+//
+// Every tile of a group of G is computed from registers of its own, with no branch around the
+// steps or the loads: rows past the task's end compute from stale shared memory and only their
+// stores are predicated off. (The first form branched on the run-time row count and vector
+// count around each load and step; the compiler then reused one set of registers for every
+// tile and chained them: ~150 cycles per tile, 6.8 us for one 64-tile task at r_max 16,
+// bench/NOTES.md "lora v0.8".)
+template <int RM>
+struct ExpandTiles {
+  static constexpr int kRows = kStreamStageBytes / (2 * RM) < 512 ? kStreamStageBytes / (2 * RM)
+                                                                 : 512;
+  static constexpr int NT = kRows / 8;                 // 8-row tiles of a task at most
+  static constexpr bool K16 = RM <= 16;                // one m16n8k16 step per tile
+  static constexpr int SUP = K16 ? 1 : RM / 32;        // supersteps (32 k) of a row
+  static constexpr int G = NT >= 64 ? 8 : 8 / SUP;     // tiles computed together
+};
+template <typename T, int RM>
 __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, int* ids) {
+  using E = ExpandTiles<RM>;
+  constexpr int NT = E::NT, SUP = E::SUP, G = E::G;
   const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
   const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
   const int ntn = rows / 8;
-  const int R = a.r_max, nv = (r + 7) / 8;
   const float scale = scale_of(x, v / a.E);
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
   const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
+  const int nv = (r + 7) / 8;
   const uint4 tail = tail_mask(r), all = make_uint4(~0u, ~0u, ~0u, ~0u),
               zero = make_uint4(0, 0, 0, 0);
   uint4 keep[SUP];
@@ -390,24 +430,30 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     const int vec = 4 * j + cq;
     keep[j] = vec < nv - 1 ? all : vec == nv - 1 ? tail : zero;
   }
+  const uint2 keep2 = keep_k16(r, cq);
   const int64_t pos = vi;  // expand: one piece per task
   const int s = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(x.L.stages));
-  const uint4* st = reinterpret_cast<const uint4*>(x.smem + static_cast<size_t>(s) *
-                                                                stream_stage_bytes(Op::kExpand));
+  const uint8_t* stage = x.smem + static_cast<size_t>(s) * stream_stage_bytes(Op::kExpand);
+  const uint4* st = reinterpret_cast<const uint4*>(stage);
+  const uint2* st2 = reinterpret_cast<const uint2*>(stage);
   const int batches = (a.dbg & 1) ? 0 : (count + 7) / 8;
 #pragma unroll 1
   for (int bt = 0; bt <= max(batches - 1, 0); ++bt) {
     const int m0 = 8 * bt, mc = bt < batches ? min(8, count - m0) : 0;
     const int id = gq < mc ? ids[m0 + gq] : -1;
+    const T* trow = tin + static_cast<int64_t>(id >= 0 ? id : 0) * RM;
     uint4 ta[SUP];
+    uint2 ta2 = make_uint2(0, 0);
+    if constexpr (E::K16) {
+      if (id >= 0) {
+        const uint2 t2 = __ldg(reinterpret_cast<const uint2*>(trow) + (RM == 8 ? (cq & 1) : cq));
+        ta2 = make_uint2(t2.x & keep2.x, t2.y & keep2.y);
+      }
+    } else {
 #pragma unroll
-    for (int j = 0; j < SUP; ++j) {
-      const int vec = 4 * j + cq;
-      ta[j] = (id >= 0 && vec < nv)
-                  ? mask4(__ldg(reinterpret_cast<const uint4*>(tin + static_cast<int64_t>(id) * R) +
-                                vec),
-                          keep[j])
-                  : zero;
+      for (int j = 0; j < SUP; ++j)
+        ta[j] = id >= 0 ? mask4(__ldg(reinterpret_cast<const uint4*>(trow) + 4 * j + cq), keep[j])
+                        : zero;
     }
     uint32_t* yp =
         reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(id >= 0 ? id : 0) * N + n0 + 2 * cq);
@@ -418,40 +464,46 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     if (mc <= 0) break;
     // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
     // its y stores (a load after a store may not be moved above it: they could alias).
-    constexpr int G = NT >= 64 ? 4 : 8 / SUP;  // (64 y words already take 64 registers)
 #pragma unroll
     for (int nt0 = 0; nt0 < NT; nt0 += G) {
-      if (nt0 < ntn) {
+      if (nt0 >= ntn) break;  // (warp-uniform)
+      float d[G][4];
+      if constexpr (E::K16) {
+        uint2 w[G];
+#pragma unroll
+        for (int u = 0; u < G; ++u) {
+          // RM 8: rows of 2 vectors; lanes c >= 2 read their row's first two again (keep2 is 0)
+          const uint2 wv = st2[((nt0 + u) * 8 + gq) * (RM / 4) + (RM == 8 ? (cq & 1) : cq)];
+          w[u] = make_uint2(wv.x & keep2.x, wv.y & keep2.y);
+        }
+#pragma unroll
+        for (int u = 0; u < G; ++u) {
+          d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.f;
+          mma16816<T>(d[u], ta2.x, 0u, ta2.y, 0u, w[u].x, w[u].y);
+        }
+      } else {
         uint4 w[G][SUP];
 #pragma unroll
         for (int u = 0; u < G; ++u)
 #pragma unroll
           for (int j = 0; j < SUP; ++j)
-            w[u][j] = (nt0 + u < ntn && 4 * j + cq < nv)
-                          ? mask4(st[((nt0 + u) * 8 + gq) * nv + 4 * j + cq], keep[j])
-                          : zero;
-        float d[G][4];
+            w[u][j] = mask4(st[((nt0 + u) * 8 + gq) * (RM / 8) + 4 * j + cq], keep[j]);
 #pragma unroll
         for (int u = 0; u < G; ++u) {
           d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.f;
 #pragma unroll
-          for (int j = 0; j < SUP; ++j) {
-            if (4 * j < nv) {  // rows g + 8 of A (a1, a3) are zero: 8 members per batch
-              mma16816<T>(d[u], ta[j].x, 0u, ta[j].y, 0u, w[u][j].x, w[u][j].y);
-              mma16816<T>(d[u], ta[j].z, 0u, ta[j].w, 0u, w[u][j].z, w[u][j].w);
-            }
+          for (int j = 0; j < SUP; ++j) {  // rows g + 8 of A (a1, a3) are zero: 8 members
+            mma16816<T>(d[u], ta[j].x, 0u, ta[j].y, 0u, w[u][j].x, w[u][j].y);
+            mma16816<T>(d[u], ta[j].z, 0u, ta[j].w, 0u, w[u][j].z, w[u][j].w);
           }
         }
-        if (id >= 0) {
+      }
 #pragma unroll
-          for (int u = 0; u < G; ++u) {
-            const int nt = nt0 + u;
-            if (nt < ntn) {
-              const float2 o = Cvt<T>::two(yo[nt]);
-              yp[nt * 4] = pack2<T>(fmaf(scale, d[u][0], o.x), fmaf(scale, d[u][1], o.y));
-            }
-          }
-        }
+      for (int u = 0; u < G; ++u) {
+        const int nt = nt0 + u;
+        const float2 o = Cvt<T>::two(yo[nt]);
+        st_global_if(yp + nt * 4, pack2<T>(fmaf(scale, d[u][0], o.x), fmaf(scale, d[u][1], o.y)),
+                     id >= 0 && nt < ntn);
       }
     }
   }
@@ -725,8 +777,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 }
 
 // --- expand kernel ----------------------------------------------------------------------------
-// NT, SUP: expand's 8-row tiles per task and supersteps of r_max (see expand_task).
-template <typename T, int NT, int SUP>
+// RM: r_max (see expand_task).
+template <typename T, int RM>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
     molora_lora_expand(KernelArgs a, int stages) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
@@ -783,7 +835,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   while (have) {
     const bool have_n = next_mine(nxt);
     const int pn = have_n ? block_entry(a, nxt.g) : -1;
-    expand_task<T, NT, SUP>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+    expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
     cur = nxt, p = pn, have = have_n;
   }
 }
@@ -802,9 +854,9 @@ int probe_bits() {
   return probe;
 }
 
-template <typename T, int NT, int SUP>
+template <typename T, int RM>
 Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_expand<T, NT, SUP>;
+  constexpr auto kern = molora_lora_expand<T, RM>;
   const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
   const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
@@ -875,18 +927,23 @@ Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
   return Status::Ok();
 }
 
-// Expand's register tiles follow r_max: NT = stream_expand_tile(r_max) / 8, SUP = r_max / 32.
+// Expand's register tiles follow r_max (ExpandTiles: NT = stream_expand_tile(r_max) / 8).
 // run() (lora_run.cc) has checked the plan: stream_shape_ok, stream_tile_ok.
 template <Op OP, typename T>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if constexpr (OP == Op::kShrink) {
     return launch_shrink<T>(a, plan, stream);
   } else {
-    static_assert(kStreamStageBytes / (2 * 16) == 512, "expand tiles: 512 rows up to r_max 16");
-    if (a.r_max <= 16) return launch_expand<T, 64, 1>(a, plan, stream);
-    if (a.r_max <= 32) return launch_expand<T, 32, 1>(a, plan, stream);
-    if (a.r_max <= 64) return launch_expand<T, 16, 2>(a, plan, stream);
-    return launch_expand<T, 8, 4>(a, plan, stream);
+    static_assert(ExpandTiles<8>::kRows == 512 && ExpandTiles<16>::kRows == 512 &&
+                      ExpandTiles<128>::kRows == 64,
+                  "expand tiles: 512 rows up to r_max 16, one 16 KiB stage above");
+    switch (a.r_max) {  // 8, 16, 32, 64 or 128 (checked by the validation)
+      case 8: return launch_expand<T, 8>(a, plan, stream);
+      case 16: return launch_expand<T, 16>(a, plan, stream);
+      case 32: return launch_expand<T, 32>(a, plan, stream);
+      case 64: return launch_expand<T, 64>(a, plan, stream);
+      default: return launch_expand<T, 128>(a, plan, stream);
+    }
   }
 }
 
