@@ -332,18 +332,16 @@ TEST(LoraPlan, StreamKernelChoice) {
   o.config_path = "none";
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_EQ(pl.kernel, "stream");  // the default for expand, r_max >= 32, P >= 64
+  EXPECT_EQ(pl.kernel, "stream");  // the default for aligned expand with blocks <= 32
   {
     Problem q = pb;
-    q.num_tokens = 7;  // P = 56 < 64
-    ASSERT_TRUE(plan(q, &pl, o).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q = pb, q.r_max = 16;  // r_max < 32: stream from P = 1024
-    ASSERT_TRUE(plan(q, &pl, o).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.num_tokens = 128, q.sorted_len = 1024 + 1280 * 15;
+    q.num_tokens = 1;  // P = 8
     ASSERT_TRUE(plan(q, &pl, o).ok());
     EXPECT_EQ(pl.kernel, "stream");
+    q = pb, q.r_max = 16;
+    ASSERT_TRUE(plan(q, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "stream");
+    EXPECT_EQ(pl.tile, 512);  // 512 rows x 16 x 2 bytes: a stage holds at most 512 rows
     q = pb, q.block_size = 64, q.sorted_len = 512 + 1280 * 63;
     ASSERT_TRUE(plan(q, &pl, o).ok());
     EXPECT_EQ(pl.kernel, "grid");

@@ -145,17 +145,16 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                    : P <= detail::kGroupCap ? detail::kModeGrouped
                                             : detail::kModePairs;
   // Kernel: the stream pipeline applies to aligned routing with blocks of <= 32 pairs. The
-  // planner takes it where it measured faster than the grid kernel on the H200: expand with
-  // P >= 64 pairs at r_max >= 32 (P >= 1024 below; bench/NOTES.md "lora v0.5": N=6144 r=32 T=64
-  // 48.3 vs 78.3 us; N=2048 r=16 T=128 27.8 vs 33.5 us but T=64 21.1 vs 20.5), shrink with
-  // P >= 128 ("lora v0.6": every seed shape at T >= 32, e.g. N=6144 T=64 45.9 vs 73.0 us,
+  // planner takes it where it measured faster than the grid kernel on the H200: expand always
+  // (bench/NOTES.md "lora v0.8": with its tiles computed side by side it is faster at every
+  // seed shape and T, e.g. T=1 N=6144 4.37 vs 4.88 us, N=2048 r=16 T=32 6.5 vs 12.9 us), shrink
+  // with P >= 128 ("lora v0.6": every seed shape at T >= 32, e.g. N=6144 T=64 45.9 vs 73.0 us,
   // N=7168 T=32 (P=128) 32.3 vs 48.5) and from P >= 64 at K >= 6144, where a call moves enough
   // bytes to repay the stream kernel's larger fixed cost ("lora v0.7", T=8: K=6144 13.3 vs
   // 14.1 us, K=7168 14.3 vs 14.4; K=4096 10.7 vs 10.3, K=2048 6.2 vs 5.6), else grid.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  const int64_t stream_from =
-      pb.op == Op::kShrink ? (pb.K >= 6144 ? 64 : 128) : (pb.r_max >= 32 ? 64 : 1024);
+  const int64_t stream_from = pb.op == Op::kShrink ? (pb.K >= 6144 ? 64 : 128) : 0;
   if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");

@@ -338,6 +338,25 @@ __device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t a0, uin
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// Tensor-core step: D += A (16 x 8, row) * B (8 x 8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
+template <>
+__device__ __forceinline__ void mma1688<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                       uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+template <>
+__device__ __forceinline__ void mma1688<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
 // The two 16-bit values of a 32-bit word packed from floats (round to nearest even).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -371,10 +390,9 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // compiler keeps a group's shared-memory loads and tensor-core steps ahead of its stores instead
 // of sinking each tile's into the block of the store before it (one tile at a time, serialised).
 __device__ __forceinline__ void st_global_if(uint32_t* p, uint32_t v, bool c) {
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q st.global.b32 [%0], %1;\n}" ::"l"(p),
-      "r"(v), "r"(static_cast<uint32_t>(c))
-      : "memory");
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q st.global.b32 [%0], %1;\n}" ::"l"(p),
+               "r"(v), "r"(static_cast<uint32_t>(c))
+               : "memory");
 }
 
 // The keep mask of a lane's 8-byte k16 vector (elements 4c..4c+3) for a row of rank r.
@@ -401,12 +419,12 @@ __device__ __forceinline__ uint2 keep_k16(int r, int cq) {
 // bench/NOTES.md "lora v0.8".)
 template <int RM>
 struct ExpandTiles {
-  static constexpr int kRows = kStreamStageBytes / (2 * RM) < 512 ? kStreamStageBytes / (2 * RM)
-                                                                 : 512;
-  static constexpr int NT = kRows / 8;                 // 8-row tiles of a task at most
-  static constexpr bool K16 = RM <= 16;                // one m16n8k16 step per tile
-  static constexpr int SUP = K16 ? 1 : RM / 32;        // supersteps (32 k) of a row
-  static constexpr int G = NT >= 64 ? 8 : 8 / SUP;     // tiles computed together
+  static constexpr int kRows =
+      kStreamStageBytes / (2 * RM) < 512 ? kStreamStageBytes / (2 * RM) : 512;
+  static constexpr int NT = kRows / 8;              // 8-row tiles of a task at most
+  static constexpr bool K16 = RM <= 16;             // one m16n8k16 step per tile
+  static constexpr int SUP = K16 ? 1 : RM / 32;     // supersteps (32 k) of a row
+  static constexpr int G = NT >= 64 ? 8 : 8 / SUP;  // tiles computed together
 };
 template <typename T, int RM>
 __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, int* ids) {
@@ -462,8 +480,8 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && nt < ntn) ? yp[nt * 4] : 0u;
     if (bt == 0) wait_filled(x.issued, x.full + s, pos, x.L.stages);
     if (mc <= 0) break;
-    // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
-    // its y stores (a load after a store may not be moved above it: they could alias).
+      // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
+      // its y stores (a load after a store may not be moved above it: they could alias).
 #pragma unroll
     for (int nt0 = 0; nt0 < NT; nt0 += G) {
       if (nt0 >= ntn) break;  // (warp-uniform)
@@ -512,14 +530,18 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
 }
 
 // --- shrink: t[p, r0 + n] = A[v, r0 + n, :] . x[token(p), :] for n < 8, per-warp rings ------
-// Tensor cores, A = x (8 members of a batch in rows 0..7, rows 8..15 zero), B = the task's 8
-// rank rows (k x 8): per superstep one 16-byte shared-memory load of the weights and two m16n8k16
-// steps; the accumulator gives lane (g, c) rank rows 2c, 2c + 1 of member g, kept over every
-// K-chunk and stored once as one 4-byte word: no cross-lane reduction. A stage is two boxes of
-// 8 rows x 256 columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte
-// vector (vec / 32) * 256 + g * 32 + vec % 32. Batch 0's x vectors (members 0..7) are loaded
-// from global memory before the wait for the piece; members past 8 (prefill) read x inline, 8
-// members per batch.
+// Tensor cores, per superstep one 16-byte shared-memory load of the weights. Batch 0 (members
+// 0..7, the decode case): four m16n8k8 steps with A = the task's 8 rank rows as loaded (rows g
+// and g + 8 of the step: words 0 and 1, or 2 and 3, of lane (g, c)'s weight vector) and B =
+// one word of member g's x vector; the rows whose word pairs the same k are kept (g of the
+// word-0/2 steps, g + 8 of the word-1/3 steps), so lane (g, c) ends with rank row g of members
+// 2c, 2c + 1, and no operand register is copied into a zero-padded one. Batches past the first
+// (prefill): two m16n8k16 steps with A = x (8 members in rows 0..7, rows 8..15 zero) and B =
+// the weights, giving lane (g, c) rank rows 2c, 2c + 1 of member g. The sums are kept over every
+// K-chunk and stored once: no cross-lane reduction. A stage is two boxes of 8 rows x 256
+// columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte vector
+// (vec / 32) * 256 + g * 32 + vec % 32. Batch 0's x vectors are loaded from global memory before
+// the wait for the piece; members past 8 read x inline, 8 members per batch.
 template <typename T>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
@@ -667,7 +689,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     float acc[kB][2];
 #pragma unroll
     for (int bt = 0; bt < kB; ++bt) acc[bt][0] = acc[bt][1] = 0.f;
-    float ch[4][4];  // batch 0's accumulator chains (superstep j feeds chain j % 4)
+    // Batch 0's accumulators: ch[i] takes word i of every superstep's vectors (see below).
+    float ch[4][4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
 #pragma unroll 1
@@ -691,8 +714,15 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
         for (int j = 0; j < kSup; ++j) {
           const int vec = 4 * j + cq;
           const uint4 wv = vec < nvec ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
-          mma16816<T>(ch[j & 3], xv[j].x, 0u, xv[j].y, 0u, wv.x, wv.y);
-          mma16816<T>(ch[j & 3], xv[j].z, 0u, xv[j].w, 0u, wv.z, wv.w);
+          // m16n8k8 with A = the weights (word pairs as loaded: row g takes word 0 / 2, row
+          // g + 8 word 1 / 3) and B = one word of x: each step's rows g (words 0, 2) or g + 8
+          // (words 1, 3) pair the same k, the other half is discarded. No register of x or of
+          // the weights is copied into a zero-padded operand (the k16 form with x as A spent
+          // 8 moves per superstep on that).
+          mma1688<T>(ch[0], wv.x, wv.y, xv[j].x);
+          mma1688<T>(ch[1], wv.x, wv.y, xv[j].y);
+          mma1688<T>(ch[2], wv.z, wv.w, xv[j].z);
+          mma1688<T>(ch[3], wv.z, wv.w, xv[j].w);
         }
         // Batches past the first (blocks of more than 8 pairs): x from L2, half a piece of
         // loads in flight at a time (one load -> step chain per superstep serialised 16 L2
@@ -729,8 +759,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       done.step(1, stages);
       issue_next();
     }
-    acc[0][0] = (ch[0][0] + ch[1][0]) + (ch[2][0] + ch[3][0]);
-    acc[0][1] = (ch[0][1] + ch[1][1]) + (ch[2][1] + ch[3][1]);
+    // Batch 0 in the m16n8k8 layout: lane (g, c) holds rank row g of members 2c, 2c + 1 (rows
+    // g of the word-0/2 steps, rows g + 8 of the word-1/3 steps); batches past it rank rows 2c,
+    // 2c + 1 of member g. Both are summed in a fixed order.
+    acc[0][0] = (ch[0][0] + ch[2][0]) + (ch[1][2] + ch[3][2]);
+    acc[0][1] = (ch[0][1] + ch[2][1]) + (ch[1][3] + ch[3][3]);
     float2* mine = reinterpret_cast<float2*>(part) + w * kB * 32 + lane;
     if (q_lo > 0) {  // the tail of a task begun by an earlier warp: leave the partial sums
 #pragma unroll
@@ -759,9 +792,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       }
     }
     T* t = static_cast<T*>(a.out);
+    {  // batch 0: rank row gq of members 2cq, 2cq + 1
+      T* tp = t + r0 + gq;
+      if (2 * cq < count && gq < rows)
+        tp[static_cast<int64_t>(ids[2 * cq]) * a.r_max] = Cvt<T>::from(acc[0][0]);
+      if (2 * cq + 1 < count && gq < rows)
+        tp[static_cast<int64_t>(ids[2 * cq + 1]) * a.r_max] = Cvt<T>::from(acc[0][1]);
+    }
     const int n = 2 * cq;
 #pragma unroll
-    for (int bt = 0; bt < kB; ++bt) {
+    for (int bt = 1; bt < kB; ++bt) {
       const int m = bt * 8 + gq;
       if (bt < nb && m < count && n < rows) {
         T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
@@ -938,11 +978,16 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
                       ExpandTiles<128>::kRows == 64,
                   "expand tiles: 512 rows up to r_max 16, one 16 KiB stage above");
     switch (a.r_max) {  // 8, 16, 32, 64 or 128 (checked by the validation)
-      case 8: return launch_expand<T, 8>(a, plan, stream);
-      case 16: return launch_expand<T, 16>(a, plan, stream);
-      case 32: return launch_expand<T, 32>(a, plan, stream);
-      case 64: return launch_expand<T, 64>(a, plan, stream);
-      default: return launch_expand<T, 128>(a, plan, stream);
+      case 8:
+        return launch_expand<T, 8>(a, plan, stream);
+      case 16:
+        return launch_expand<T, 16>(a, plan, stream);
+      case 32:
+        return launch_expand<T, 32>(a, plan, stream);
+      case 64:
+        return launch_expand<T, 64>(a, plan, stream);
+      default:
+        return launch_expand<T, 128>(a, plan, stream);
     }
   }
 }
