@@ -407,7 +407,7 @@ TEST(LoraPlan, StreamKernelChoice) {
   pb.op = Op::kShrink;
   pb.K = 6144;
   pb.N = 0;
-  {  // the planner's choice for shrink: stream from P = 128 pairs, from P = 64 at K >= 6144
+  {  // the planner's choice for shrink: stream from P = 64 pairs
     PlanOptions d = o;
     d.kernel.clear();
     ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
@@ -419,13 +419,10 @@ TEST(LoraPlan, StreamKernelChoice) {
     q.num_tokens = 7;  // P = 56
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
-    q.K = 4096, q.num_tokens = 8;  // K < 6144: P = 64 stays on the grid kernel
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.num_tokens = 16;  // P = 128
+    q.K = 2048, q.num_tokens = 8;  // P = 64 at any K
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "stream");
-    q.num_tokens = 15;  // P = 120
+    q.num_tokens = 1;  // P = 8
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
   }

@@ -148,13 +148,11 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // planner takes it where it measured faster than the grid kernel on the H200: expand always
   // (bench/NOTES.md "lora v0.8": with its tiles computed side by side it is faster at every
   // seed shape and T, e.g. T=1 N=6144 4.37 vs 4.88 us, N=2048 r=16 T=32 6.5 vs 12.9 us), shrink
-  // with P >= 128 ("lora v0.6": every seed shape at T >= 32, e.g. N=6144 T=64 45.9 vs 73.0 us,
-  // N=7168 T=32 (P=128) 32.3 vs 48.5) and from P >= 64 at K >= 6144, where a call moves enough
-  // bytes to repay the stream kernel's larger fixed cost ("lora v0.7", T=8: K=6144 13.3 vs
-  // 14.1 us, K=7168 14.3 vs 14.4; K=4096 10.7 vs 10.3, K=2048 6.2 vs 5.6), else grid.
+  // from P >= 64 pairs ("lora v0.8", T=8: K=6144 12.2 vs 13.9 us, K=7168 13.0 vs 14.6, K=4096
+  // 9.7 vs 10.2, K=2048 5.45 vs 5.54; T=1 stays on the grid kernel: K=4096 6.1 vs 5.1 us).
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  const int64_t stream_from = pb.op == Op::kShrink ? (pb.K >= 6144 ? 64 : 128) : 0;
+  const int64_t stream_from = pb.op == Op::kShrink ? 64 : 0;
   if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
