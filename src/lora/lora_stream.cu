@@ -180,16 +180,25 @@ struct TaskIter {
   int lg = 0, lc = 0;  // this lane's (group, chunk) for the current round
   int dg = 0, dc = 0;  // 32 tasks further: groups and chunks to add
   bool fresh = true;
+  int pre = -1;  // the first round's expert id, loaded by the constructor
+  // Made before the CTA knows its task count (num_tokens_post_pad): the first round's expert ids
+  // are loaded at once for every group the align output can hold, so that their load and that of
+  // num_tokens_post_pad are in flight together instead of one after the other (one L2 round trip
+  // less before the first copy is issued). round() keeps only the lanes below the count.
   __device__ explicit TaskIter(const Ctx& c) : x(c) {
-    const uint32_t ch = static_cast<uint32_t>(x.a->chunks);
+    const KernelArgs& a = *x.a;
+    const uint32_t ch = static_cast<uint32_t>(a.chunks);
     const uint32_t t0 = blockIdx.x + (threadIdx.x & 31) * gridDim.x;
     lg = static_cast<int>(t0 / ch), lc = static_cast<int>(t0 - lg * ch);
     const uint32_t step = 32u * gridDim.x;
     dg = static_cast<int>(step / ch), dc = static_cast<int>(step - dg * ch);
+    if (static_cast<int64_t>(lg + 1) * a.block <= a.sorted_len)  // block lg exists
+      pre = __ldg(a.rt.expert_ids + lg);
   }
   // Loads the next round's expert ids; false at the end of the CTA's tasks.
   __device__ __forceinline__ bool round() {
     const KernelArgs& a = *x.a;
+    const bool first = fresh;
     if (!fresh) {
       lg += dg, lc += dc;
       if (lc >= a.chunks) lc -= a.chunks, ++lg;
@@ -200,7 +209,7 @@ struct TaskIter {
     ve = -1, rk = 0;
     bool ok = false;
     if (l0 + (threadIdx.x & 31) < x.my_tasks) {
-      ve = __ldg(a.rt.expert_ids + lg);
+      ve = first ? pre : __ldg(a.rt.expert_ids + lg);
       if (ve >= 0 && ve < x.V) {
         rk = rank_of(x, ve / a.E);
         ok = rk > 0 && (OP == Op::kExpand || lc * a.tile < rk);
@@ -232,8 +241,7 @@ struct TaskIter {
 };
 // Calls f(valid_index, group, chunk, v, r) for each valid task, in order (whole warp).
 template <Op OP, typename F>
-__device__ __forceinline__ void for_valid_tasks(const Ctx& x, F&& f) {
-  TaskIter<OP> it(x);
+__device__ __forceinline__ void for_valid_tasks(TaskIter<OP> it, F&& f) {
   Task t;
   while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
 }
@@ -260,7 +268,7 @@ __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
 }
 // --- expand producer ------------------------------------------------------------------------
 template <typename T>
-__device__ void produce(const Ctx& x) {
+__device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk) {
   const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31;
   const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
@@ -298,7 +306,7 @@ __device__ void produce(const Ctx& x) {
       *x.issued = static_cast<int>(pos + 1);
     }
   };
-  for_valid_tasks<Op::kExpand>(x,
+  for_valid_tasks<Op::kExpand>(walk,
                                [&](int vi, int64_t, int c, int v, int r) { issue(vi, c, v, r); });
 }
 
@@ -572,6 +580,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  // (three walks below start from copies of it; its first expert ids load beside
+  // num_tokens_post_pad)
+  const TaskIter<Op::kShrink> walk(x);
   x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x)
@@ -581,7 +592,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
   // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
-  const TaskIter<Op::kShrink> walk(x);  // (three walks below start from copies of it)
   const int total = TaskIter<Op::kShrink>(walk).count();
   const int64_t ptot = static_cast<int64_t>(total) * x.pieces;
   // Split points begin(v) = v * ptot / W, lane v holding begin(v) for v <= W (one division per
@@ -844,6 +854,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  TaskIter<Op::kExpand> it(x);  // (its first expert ids load beside num_tokens_post_pad)
   x.my_tasks = cta_tasks(a);
   if (a.S <= kSlots)
     for (int s = threadIdx.x; s < a.S; s += blockDim.x) {
@@ -853,13 +864,12 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {
-    produce<T>(x);
+    produce<T>(x, it);
     return;
   }
   const int w = warp - 1;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
   // This warp's tasks, the pair ids of the next one loaded while the current one runs.
-  TaskIter<Op::kExpand> it(x);
   int turn = 0;  // the next valid task's index modulo consumers (kept without a division)
   auto next_mine = [&](Task& t) {
     while (it.next(t)) {
