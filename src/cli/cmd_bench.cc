@@ -35,6 +35,9 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
       ->check(CLI::IsMember({"", "grid", "stream"}));
   lora->add_option("--T", *Ts, "Token counts (one-shape mode)")->delimiter(',');
+  auto mixed = std::make_shared<bool>(false);
+  lora->add_flag("--mixed-ranks", *mixed,
+                 "Every second slot at rank r_max / 2 (one-shape mode; default: all at r_max)");
   lora->add_option("--none", *none, "Share of tokens without adapter (one-shape mode)")
       ->check(CLI::Range(0.0, 1.0));
   lora->callback([=, &exit_code] {
@@ -46,6 +49,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                                       : molora::lora::RoutingKind::kAligned;
       c.kernel = *kernel;
       c.none_frac = *none;
+      c.mixed_ranks = *mixed;
       bool found = false;
       for (const auto& sh : molora::lora::bench::seed_shapes())
         if (sh.name == *shape) c.shape = sh, found = true;

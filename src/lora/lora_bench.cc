@@ -70,6 +70,11 @@ struct HostRouting {
   RoutingStats st;
 };
 
+// Slot s's rank in the benchmark: r_max, or r_max / 2 for odd slots with mixed_ranks.
+int slot_rank(const Case& c, int s) {
+  return c.mixed_ranks && s % 2 == 1 ? std::max(1, c.shape.r / 2) : c.shape.r;
+}
+
 HostRouting make_routing(const Case& c, std::mt19937_64& rng) {
   HostRouting h;
   const int T = c.T, k = c.k, S = c.shape.S, E = c.shape.E;
@@ -99,15 +104,18 @@ HostRouting make_routing(const Case& c, std::mt19937_64& rng) {
     }
   }
   std::set<int64_t> distinct;
-  int64_t active = 0, atok = 0;
+  int64_t active = 0, atok = 0, active_r8 = 0;
   for (int t = 0; t < T; ++t) {
     if (h.slot[t] < 0) continue;
     ++atok;
-    for (int j = 0; j < k; ++j, ++active)
+    for (int j = 0; j < k; ++j, ++active) {
       distinct.insert(int64_t(h.slot[t]) * E + h.topk[int64_t(t) * k + j]);
+      active_r8 += detail::round8(slot_rank(c, h.slot[t]));
+    }
   }
-  const int r8 = detail::round8(c.shape.r);
-  h.st = {active, atok, int64_t(distinct.size()), int64_t(distinct.size()) * r8, active * r8};
+  int64_t distinct_r8 = 0;
+  for (int64_t v : distinct) distinct_r8 += detail::round8(slot_rank(c, int(v / E)));
+  h.st = {active, atok, int64_t(distinct.size()), distinct_r8, active_r8};
   if (c.routing == RoutingKind::kAligned) {
     const int64_t V = int64_t(S) * E, B = c.block, len = P + V * (B - 1);
     h.sorted.assign(len, int32_t(P));
@@ -246,7 +254,8 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   MOLORA_RETURN_IF_ERROR(o.ensure(out_elems * 2));
   MOLORA_CUDA_CHECK(cudaMemset(in.p, 0x3c, in_elems * 2));
   MOLORA_CUDA_CHECK(cudaMemset(o.p, 0, out_elems * 2));
-  std::vector<int32_t> ranks(sh.S, sh.r);
+  std::vector<int32_t> ranks(sh.S);
+  for (int s = 0; s < sh.S; ++s) ranks[s] = slot_rank(c, s);
   std::vector<float> scales(sh.S, 0.5f);
   int32_t* d_ranks = nullptr;
   float* d_scales = nullptr;

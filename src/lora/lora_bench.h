@@ -29,8 +29,9 @@ struct Case {
   RoutingKind routing = RoutingKind::kPlain;
   int block = 16;  // aligned layout block size
   int force_tile = 0, force_unroll = 0;
-  std::string kernel;       // "" the planner's choice, "grid" or "stream"
-  std::string config_path;  // "" default lookup, "none" heuristic only
+  std::string kernel;        // "" the planner's choice, "grid" or "stream"
+  std::string config_path;   // "" default lookup, "none" heuristic only
+  bool mixed_ranks = false;  // every second slot at rank r_max / 2 (else every slot at r_max)
 };
 
 struct Result {

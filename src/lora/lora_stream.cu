@@ -125,6 +125,17 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
       "l"(src), "r"(bytes), "r"(sa(b)), "l"(policy)
       : "memory");
 }
+// A 16-byte asynchronous copy global -> shared memory (L2 only), completion tracked by
+// cp_async_arrive. (No L2 cache hint: the .L2::cache_hint form with an evict-first policy raised
+// an illegal-instruction error on the H200.)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(dst)), "l"(src) : "memory");
+}
+// An arrival on barrier b when this thread's earlier cp_async16 copies have landed (the
+// barrier's expected count is raised by one first, so the phase waits for it).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(sa(b)) : "memory");
+}
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -287,20 +298,36 @@ __device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk) {
     const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
     const int r8 = (r + 7) / 8 * 8;
     const T* src = W + (static_cast<int64_t>(v) * N + n0) * R;
+    // Whole rows as one bulk copy where the rows past r8 cost no DRAM sector more (r8 == r_max,
+    // or rows of <= 32 bytes: r_max <= 16). Else the r8 columns of each row as 16-byte
+    // asynchronous copies by every lane, their completion counted on the stage's barrier (one
+    // bulk copy per row was ~35 cycles of copy-engine issue per row: a slot at rank r_max / 2
+    // took 20.7 us for a 1 us call in the demo, bench/NOTES.md "lora v0.8").
+    const bool whole = r8 == R || R <= 16;
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(x.full + s);
-    } else if (lane == 0) {
-      bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
-    }
-    __syncwarp();
-    if (a.dbg & 4) {
-    } else if (r8 == R) {
-      if (lane == 0) bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
-    } else {
-      for (int j = lane; j < rows; j += 32)  // rows keep the r_max pitch in the stage
+    } else if (whole) {
+      if (lane == 0) {
+        bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * R * 2);
+        bulk_g2s(dst, src, static_cast<uint32_t>(rows) * R * 2, x.full + s, pol);
+      }
+    } else if (a.dbg & 32) {  // probe: one bulk copy per row (the form before v0.8)
+      if (lane == 0) bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * r8 * 2);
+      __syncwarp();
+      for (int j = lane; j < rows; j += 32)
         bulk_g2s(dst + static_cast<size_t>(j) * R * 2, src + static_cast<int64_t>(j) * R, r8 * 2,
                  x.full + s, pol);
+    } else {
+      const int nvr = r8 / 8;
+      for (int j = lane; j < rows; j += 32)  // rows keep the r_max pitch in the stage
+        for (int u = 0; u < nvr; ++u)
+          cp_async16(dst + static_cast<size_t>(j) * R * 2 + u * 16,
+                     src + static_cast<int64_t>(j) * R + u * 8);
+      cp_async_arrive(x.full + s);  // (every lane: its copies, counted on the barrier)
+      __syncwarp();
+      if (lane == 0) bar_arrive(x.full + s);  // the phase's one expected arrival
     }
+    __syncwarp();
     if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
       __threadfence_block();
       *x.issued = static_cast<int>(pos + 1);
