@@ -13,6 +13,16 @@ if(MOLORA_BUILD_CLI)
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
             "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--kernel;fast" -DEXPECT=2
             -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  # The mixed-rank option is offered (every second slot at r_max / 2: the stream expand's
+  # per-lane copy path) and takes no value.
+  add_test(NAME lora_cli_bench_help_lists_mixed_ranks
+    COMMAND $<TARGET_FILE:molora_cli> bench lora --help)
+  set_tests_properties(lora_cli_bench_help_lists_mixed_ranks PROPERTIES
+    PASS_REGULAR_EXPRESSION "--mixed-ranks +Every second slot at rank r_max / 2" LABELS cpu)
+  add_test(NAME lora_cli_bench_mixed_ranks_value_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
+            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--mixed-ranks=maybe" -DEXPECT=2
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
   set_tests_properties(lora_cli_bench_unknown_shape_exits_2 lora_cli_bench_bad_kernel_exits_2
-    PROPERTIES LABELS cpu)
+    lora_cli_bench_mixed_ranks_value_exits_2 PROPERTIES LABELS cpu)
 endif()

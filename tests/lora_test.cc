@@ -279,9 +279,8 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 }
 
 // The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
-// pipeline stages; the planner takes it for expand with r_max >= 32 and P >= 64 (P >= 1024
-// below), for shrink with P >= 128, grid elsewhere; asking for it where it does not apply, or for
-// knobs it does not have, is an error.
+// pipeline stages; the planner takes it for every expand and for shrink with P >= 64, grid
+// elsewhere; asking for it where it does not apply, or for knobs it does not have, is an error.
 // Programmatic dependent launch: by default on the stream kernels and grid expand (where it
 // measured faster), never on grid shrink; MOLORA_LORA_PDL=1 / 0 force it; other values are an
 // error naming the setting. The plan says so.

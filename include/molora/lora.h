@@ -107,9 +107,8 @@ struct PlanOptions {
   int force_tile = 0;
   int force_unroll = 0;
   // Kernel: "" = MOLORA_LORA_KERNEL, else the planner's choice (stream for aligned routing with
-  // block size <= 32 from P = 128 pairs for shrink (P = 64 at K >= 6144), P = 64 for expand at
-  // r_max >= 32, P = 1024 below; grid otherwise); "grid" forces the grid kernel; "stream" asks for
-  // the stream kernel and is an error where it does not apply.
+  // block size <= 32: every expand, shrink from P = 64 pairs; grid otherwise); "grid" forces the
+  // grid kernel; "stream" asks for the stream kernel and is an error where it does not apply.
   std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;

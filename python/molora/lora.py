@@ -95,10 +95,9 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
     """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" with
-    aligned routing and block_size <= 32 for shrink when num_tokens * top_k >= 128 (>= 64 at
-    K >= 6144) and for
-    expand when it is >= 64 (>= 1024 when r_max < 32), else "grid"; pass ``kernel`` to force
-    one; "stream" needs aligned routing and block_size <= 32),
+    aligned routing and block_size <= 32 for every expand and for shrink when
+    num_tokens * top_k >= 64, else "grid"; pass ``kernel`` to force one; "stream" needs aligned
+    routing and block_size <= 32),
     ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
     expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
     ``stages`` (stream: pipeline stages; shrink: per warp), ``chunks``, ``groups``, ``max_items``,
