@@ -8,12 +8,14 @@
 // shrink, a rank row in the chunk), so every warp counts valid tasks identically without talking
 // to the others: valid task i belongs to consumer warp i % consumers.
 //
-// Expand: warp 0 is a producer, warps 1..consumers consume. Valid task i (`tile` rows of B[v]
-// at r_s: one copy when r_s == r_max, else one per row, so the bytes read follow r_s) takes ring
-// position i (stage i % stages, phase i / stages). The producer waits for the stage to be
-// released, announces its byte count on the stage's `full` barrier and issues the copy; the
-// consumer loads its task's pair ids and activations (t and y) while the copy is in flight,
-// waits on `full`, computes from shared memory and releases the stage on `empty`.
+// Expand: warp 0 is a producer, warps 1..consumers consume. Valid task i (`tile` rows of B[v]:
+// whole rows as one bulk copy where the columns past r_s cost no extra DRAM sector, else the
+// roundup(r_s, 8) columns of each row as 16-byte cp.async copies over the producer's lanes, so
+// the bytes read follow r_s) takes ring position i (stage i % stages, phase i / stages). The
+// producer waits for the stage to be released, announces the copy on the stage's `full` barrier
+// and issues it; the consumer loads its task's pair ids and activations (t and y) while the
+// copy is in flight, waits on `full`, computes from shared memory and releases the stage on
+// `empty`.
 //
 // Shrink: no producer; every warp feeds a ring of its own (`stages` stages of 8 rank rows x 512
 // columns of A[v]: a task's K-chunks, then the next task's), issuing the copy of piece u + stages
