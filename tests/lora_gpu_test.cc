@@ -3,7 +3,6 @@
 // argument errors.
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <optional>
 
 #include "gpu_test_util.h"
@@ -102,7 +101,7 @@ void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0
   for (int tile : tiles)
     if (tile > 0) runs.push_back({"grid", tile});
   // Stream expand at tiles below its stage's rows (a task ends inside a group of 8-row tiles).
-  const int stream_rows = std::min(512, 16384 / (2 * c.r_max));
+  const int stream_rows = molora::lora::detail::stream_expand_tile(c.r_max);
   if (stream_ok && c.op == Op::kExpand)
     for (int tile : {32, 96})
       if (tile < stream_rows) runs.push_back({"stream", tile});

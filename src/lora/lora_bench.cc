@@ -147,6 +147,22 @@ Status upload(const std::string& name, const std::vector<V>& h, int slot, size_t
   return Status::Ok();
 }
 
+// Runs launch() `reps` times on stream s between two events and gives the elapsed time, ms.
+template <typename F>
+Status time_reps_ms(cudaStream_t s, int reps, F&& launch, float* ms) {
+  cudaEvent_t e0, e1;
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
+  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
+  MOLORA_CUDA_CHECK(cudaEventRecord(e0, s));
+  for (int r = 0; r < reps; ++r) MOLORA_CUDA_CHECK(launch());
+  MOLORA_CUDA_CHECK(cudaEventRecord(e1, s));
+  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
+  MOLORA_CUDA_CHECK(cudaEventElapsedTime(ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status measure_copy_gbps(double* gbps) {
@@ -155,20 +171,11 @@ Status measure_copy_gbps(double* gbps) {
   Buf& b = buf("copy_b");
   MOLORA_RETURN_IF_ERROR(a.ensure(bytes));
   MOLORA_RETURN_IF_ERROR(b.ensure(bytes));
-  cudaEvent_t e0, e1;
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
-  MOLORA_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr));
-  MOLORA_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+  auto copy = [&] { return cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr); };
+  MOLORA_CUDA_CHECK(copy());  // warm
   const int reps = 10;
-  for (int i = 0; i < reps; ++i)
-    MOLORA_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr));
-  MOLORA_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0;
-  MOLORA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  MOLORA_RETURN_IF_ERROR(time_reps_ms(nullptr, reps, copy, &ms));
   *gbps = 2.0 * bytes * reps / (ms * 1e-3) / 1e9;
   cudaFree(a.p), cudaFree(b.p);
   a = Buf{}, b = Buf{};
@@ -187,19 +194,11 @@ Status time_graph_us(cudaStream_t s, F&& call, double* us) {
   MOLORA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   MOLORA_RETURN_IF_ERROR(cap);
   MOLORA_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t e0, e1;
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e0));
-  MOLORA_CUDA_CHECK(cudaEventCreate(&e1));
+  MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));  // warm
   const int reps = 8;
-  MOLORA_CUDA_CHECK(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) MOLORA_CUDA_CHECK(cudaGraphLaunch(ge, s));
-  MOLORA_CUDA_CHECK(cudaEventRecord(e1, s));
-  MOLORA_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0;
-  MOLORA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  MOLORA_RETURN_IF_ERROR(time_reps_ms(
+      s, reps, [&] { return cudaGraphLaunch(ge, s); }, &ms));
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   *us = ms * 1e3 / (reps * kRot);

@@ -136,7 +136,12 @@ inline int stream_max_stages(Op op, int consumers) {
   return (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
-inline int stream_expand_tile(int r_max) {
+// (Also the kernels' compile-time tile, ExpandTiles in lora_stream.cu.)
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    constexpr int
+    stream_expand_tile(int r_max) {
   const int rows = kStreamStageBytes / (2 * r_max);
   return rows < 512 ? rows : 512;
 }

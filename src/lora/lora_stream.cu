@@ -456,8 +456,7 @@ __device__ __forceinline__ uint2 keep_k16(int r, int cq) {
 // bench/NOTES.md "lora v0.8".)
 template <int RM>
 struct ExpandTiles {
-  static constexpr int kRows =
-      kStreamStageBytes / (2 * RM) < 512 ? kStreamStageBytes / (2 * RM) : 512;
+  static constexpr int kRows = stream_expand_tile(RM);
   static constexpr int NT = kRows / 8;              // 8-row tiles of a task at most
   static constexpr bool K16 = RM <= 16;             // one m16n8k16 step per tile
   static constexpr int SUP = K16 ? 1 : RM / 32;     // supersteps (32 k) of a row
