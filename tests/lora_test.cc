@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "lora/lora_bench.h"
 #include "lora_test_util.h"
 #include "molora/settings.h"
 
@@ -599,4 +600,32 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
 TEST(LoraPlan, DefaultConfigPathNamesTheGpu) {
   std::string p = default_config_path("NVIDIA H200");
   EXPECT_NE(p.find("configs/lora/nvidia_h200.json"), std::string::npos) << p;
+}
+
+// `molora bench lora --shape`: the seed names and the N<dim>_r<r>_V<E>x<S> form, every field
+// checked against the kernels' limits.
+TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {
+  namespace b = molora::lora::bench;
+  b::Shape sh;
+  ASSERT_TRUE(b::parse_shape("N6144_r32_V160x8", &sh));
+  EXPECT_EQ(sh.dim, 6144);
+  EXPECT_EQ(sh.r, 32);
+  EXPECT_EQ(sh.E, 160);
+  EXPECT_EQ(sh.S, 8);
+  ASSERT_TRUE(b::parse_shape("N16384_r128_V8192x8", &sh));
+  EXPECT_EQ(sh.name, "N16384_r128_V8192x8");
+  EXPECT_EQ(sh.dim, 16384);
+  EXPECT_EQ(sh.r, 128);
+  EXPECT_EQ(sh.E, 8192);
+  EXPECT_EQ(sh.S, 8);
+  ASSERT_TRUE(b::parse_shape("N8_r8_V1x1", &sh));
+  EXPECT_EQ(sh.dim, 8);
+  const b::Shape before = sh;
+  for (const char* bad :
+       {"", "N0_r8_V1x1", "N12_r8_V1x1", "N16392_r8_V1x1", "N64_r24_V1x1", "N64_r256_V1x1",
+        "N64_r8_V0x1", "N64_r8_V1x0", "N64_r8_V65537x1", "N64_r8_V256x257", "N064_r8_V1x1",
+        "N64_r8_V1x1x", "N-64_r8_V1x1", "N64_r8", "n64_r8_V1x1"}) {
+    EXPECT_FALSE(b::parse_shape(bad, &sh)) << bad;
+    EXPECT_EQ(sh.name, before.name) << bad;  // untouched
+  }
 }

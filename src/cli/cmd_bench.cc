@@ -27,7 +27,9 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   auto kernel = std::make_shared<std::string>();
   auto Ts = std::make_shared<std::vector<int>>(std::vector<int>{1, 8, 64, 256});
   auto none = std::make_shared<double>(0.0);
-  lora->add_option("--shape", *shape, "Seed shape name, e.g. N6144_r32_V160x8 (one-shape mode)");
+  lora->add_option("--shape", *shape,
+                   "Seed shape name, e.g. N6144_r32_V160x8, or any "
+                   "N<dim>_r<r_max>_V<experts>x<slots> (one-shape mode)");
   lora->add_option("--op", *op, "expand or shrink (one-shape mode)")
       ->check(CLI::IsMember({"expand", "shrink"}));
   lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
@@ -50,13 +52,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.kernel = *kernel;
       c.none_frac = *none;
       c.mixed_ranks = *mixed;
-      bool found = false;
-      for (const auto& sh : molora::lora::bench::seed_shapes())
-        if (sh.name == *shape) c.shape = sh, found = true;
-      if (!found) {
+      if (!molora::lora::bench::parse_shape(*shape, &c.shape)) {
         std::cerr << "molora bench lora: unknown --shape " << *shape << " (seed shapes:";
         for (const auto& sh : molora::lora::bench::seed_shapes()) std::cerr << " " << sh.name;
-        std::cerr << ")\n";
+        std::cerr << "; or N<dim>_r<r_max>_V<experts>x<slots>, dim a multiple of 8 <= 16384, "
+                     "r_max 8/16/32/64/128, experts x slots <= 65536)\n";
         exit_code = 2;
         return;
       }

@@ -20,6 +20,9 @@ struct Shape {
 
 // The seed shapes.
 std::vector<Shape> seed_shapes();
+// A seed shape by name, or any shape named "N<dim>_r<r_max>_V<E>x<S>" (dim a multiple of 8 up
+// to 16,384, r_max in {8, 16, 32, 64, 128}, S * E up to 65,536); false (out untouched) else.
+bool parse_shape(const std::string& name, Shape* out);
 
 struct Case {
   Op op = Op::kExpand;
