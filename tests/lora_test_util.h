@@ -117,9 +117,11 @@ inline Data make_data(const Case& c, std::mt19937_64& rng) {
   const int64_t P = int64_t(c.T) * c.k;
   d.ranks.resize(c.S);
   d.scales.resize(c.S);
-  const int choices[] = {8, 16, 32, 64, 128, 4, 12, 1};
+  // Powers of two (expand: one tensor copy per task below r_max >= 32), others rounding to 8
+  // (24, 40: per-lane copies) and ranks that are not multiples of 8 (masked tails).
+  const int choices[] = {8, 16, 32, 64, 128, 4, 12, 1, 24, 40};
   for (int s = 0; s < c.S; ++s) {
-    d.ranks[s] = c.mixed_ranks ? std::min(c.r_max, choices[rng() % 8]) : c.r_max;
+    d.ranks[s] = c.mixed_ranks ? std::min(c.r_max, choices[rng() % 10]) : c.r_max;
     d.scales[s] = 0.25f + 0.25f * (s % 4);
   }
   d.slot.resize(c.T);

@@ -153,6 +153,33 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0
       : "memory");
 }
 
+// One 3-D bulk tensor copy: the box at (c0, c1, c2) of `map` into shared memory.
+__device__ __forceinline__ void tma_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                       uint64_t* b, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(sa(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(sa(b)), "l"(policy)
+      : "memory");
+}
+
+// Expand's tensor maps for slots whose rank rounds (to 8) below r_max: map j views B as
+// [V, N, r_max] with boxes of (8 << j) columns x `tile` rows of one expert, so such a task is one
+// copy of exactly its r8 columns per row, landing at the pitch r8 (rows past N arrive as zeros).
+// Made on the host for r_max >= 32 (r_max <= 16: whole rows cost no extra DRAM sector); `ok` 0:
+// none (the per-lane copies below are used).
+struct ExpandMaps {
+  CUtensorMap m[4];  // r8 = 8, 16, 32, 64
+  int ok;
+};
+// The stage pitch (in elements) of an expand task at rounded rank r8 in a kernel of r_max R:
+// r8 where the task goes as one tensor copy (a power of two below R >= 32, maps made, neither
+// probe bit 64 nor 128), else R. The producer and the consumers decide alike.
+__device__ __forceinline__ int expand_pitch(int r8, int R, int maps_ok, int dbg) {
+  return (maps_ok != 0 && !(dbg & (64 | 128)) && R >= 32 && r8 < R && (r8 & (r8 - 1)) == 0) ? r8
+                                                                                            : R;
+}
+
 struct Ctx {
   const KernelArgs* a;
   uint8_t* smem;
@@ -281,7 +308,7 @@ __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
 }
 // --- expand producer ------------------------------------------------------------------------
 template <typename T>
-__device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk) {
+__device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk, const ExpandMaps& maps) {
   const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31;
   const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
@@ -305,9 +332,16 @@ __device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk) {
     // asynchronous copies by every lane, their completion counted on the stage's barrier (one
     // bulk copy per row was ~35 cycles of copy-engine issue per row: a slot at rank r_max / 2
     // took 20.7 us for a 1 us call in the demo, bench/NOTES.md "lora v0.8").
-    const bool whole = r8 == R || R <= 16;
+    // Probe bit 128: whole rows for every rank (bytes at r_max; the consumers mask past r).
+    const bool whole = r8 == R || R <= 16 || (a.dbg & 128);
+    const int pitch = expand_pitch(r8, R, maps.ok, a.dbg);
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(x.full + s);
+    } else if (pitch < R) {  // one tensor copy: `tile` rows x r8 columns at the pitch r8
+      if (lane == 0) {
+        bar_arrive_tx(x.full + s, static_cast<uint32_t>(a.tile) * r8 * 2);
+        tma_3d(dst, &maps.m[__ffs(r8 >> 3) - 1], 0, static_cast<int>(n0), v, x.full + s, pol);
+      }
     } else if (whole) {
       if (lane == 0) {
         bar_arrive_tx(x.full + s, static_cast<uint32_t>(rows) * R * 2);
@@ -495,7 +529,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
   for (int bt = 0; bt <= max(batches - 1, 0); ++bt) {
     const int m0 = 8 * bt, mc = bt < batches ? min(8, count - m0) : 0;
     const int id = gq < mc ? ids[m0 + gq] : -1;
-    const T* trow = tin + static_cast<int64_t>(id >= 0 ? id : 0) * RM;
+    const T* trow = tin + static_cast<int64_t>(id >= 0 ? id : 0) * a.r_max;  // (RM: the stage's)
     uint4 ta[SUP];
     uint2 ta2 = make_uint2(0, 0);
     if constexpr (E::K16) {
@@ -858,7 +892,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 // RM: r_max (see expand_task).
 template <typename T, int RM>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
-    molora_lora_expand(KernelArgs a, int stages) {
+    molora_lora_expand(KernelArgs a, int stages, const __grid_constant__ ExpandMaps maps) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
   extern __shared__ __align__(128) uint8_t smem[];
   const int consumers = static_cast<int>(blockDim.x / 32) - 1;
@@ -892,7 +926,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {
-    produce<T>(x, it);
+    produce<T>(x, it, maps);
     return;
   }
   const int w = warp - 1;
@@ -913,7 +947,23 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   while (have) {
     const bool have_n = next_mine(nxt);
     const int pn = have_n ? block_entry(a, nxt.g) : -1;
-    expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+    // A task the producer copied at the pitch r8 < RM runs the consumer of that pitch (the
+    // same arithmetic; t keeps its r_max row pitch).
+    if constexpr (RM >= 32) {
+      const int pitch = expand_pitch((cur.r + 7) / 8 * 8, RM, maps.ok, a.dbg);
+      if (pitch == 8)
+        expand_task<T, 8>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      else if (pitch == 16)
+        expand_task<T, 16>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      else if (RM >= 64 && pitch == 32)
+        expand_task<T, (RM >= 64 ? 32 : RM)>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      else if (RM >= 128 && pitch == 64)
+        expand_task<T, (RM >= 128 ? 64 : RM)>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      else
+        expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+    } else {
+      expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+    }
     cur = nxt, p = pn, have = have_n;
   }
 }
@@ -932,27 +982,9 @@ int probe_bits() {
   return probe;
 }
 
-template <typename T, int RM>
-Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_expand<T, RM>;
-  const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
-  const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
-  MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
-  KernelArgs k = a;
-  k.dbg = probe_bits();
-  MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid),
-                                  static_cast<unsigned>(plan.threads), smem, stream, k,
-                                  plan.stages));
-  return Status::Ok();
-}
-
-// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements, boxes of 8 rows x
-// 256 columns); false where it cannot be made (K < 256, or a driver without the entry point):
-// the kernel then copies row by row. The last call's map is kept per thread (the weights of a
-// layer rarely move between calls).
-bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
-  if (a.dim < kBox) return false;
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+// The driver's cuTensorMapEncodeTiled (null where the driver has none; looked up once).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
@@ -962,6 +994,76 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
     cudaGetLastError();
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
+  return fn;
+}
+
+// Expand's tensor maps (ExpandMaps) for r_max >= 32: B viewed as [V, N, r_max] (16-bit
+// elements), map j with boxes of (8 << j) columns x tile rows x 1 expert for each 8 << j below
+// r_max, no L2 promotion (a box row of r8 columns must not fetch the rest of its r_max row).
+// ok = 0 where they cannot be made (tile > 256 rows, a driver without the entry point, a
+// misaligned B): the kernel then uses its per-lane copies. The last call's maps are kept per
+// thread.
+void expand_maps(const KernelArgs& a, ExpandMaps* out) {
+  std::memset(out, 0, sizeof(*out));
+  if (a.r_max < 32 || a.tile <= 0 || a.tile > 256) return;
+  const auto fn = encode_fn();
+  if (fn == nullptr) return;
+  struct Last {
+    const void* w = nullptr;
+    int64_t N = 0, V = 0;
+    int r_max = 0, tile = 0;
+    ExpandMaps maps;
+  };
+  static thread_local Last last;
+  const int64_t V = static_cast<int64_t>(a.S) * a.E;
+  if (last.w == a.w && last.N == a.dim && last.V == V && last.r_max == a.r_max &&
+      last.tile == a.tile) {
+    *out = last.maps;
+    return;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.r_max), static_cast<cuuint64_t>(a.dim),
+                              static_cast<cuuint64_t>(V)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.r_max) * 2,
+                                 static_cast<cuuint64_t>(a.dim) * a.r_max * 2};
+  const cuuint32_t es[3] = {1, 1, 1};
+  ExpandMaps m;
+  std::memset(&m, 0, sizeof(m));
+  for (int j = 0; (8 << j) < a.r_max; ++j) {
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(8 << j), static_cast<cuuint32_t>(a.tile), 1};
+    if (fn(&m.m[j], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w), dims, strides, box,
+           es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+           CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return;
+  }
+  m.ok = 1;
+  last.w = a.w, last.N = a.dim, last.V = V, last.r_max = a.r_max, last.tile = a.tile;
+  last.maps = m;
+  *out = m;
+}
+
+template <typename T, int RM>
+Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  constexpr auto kern = molora_lora_expand<T, RM>;
+  const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
+  const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
+  MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
+  KernelArgs k = a;
+  k.dbg = probe_bits();
+  ExpandMaps maps;
+  expand_maps(a, &maps);
+  MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid),
+                                  static_cast<unsigned>(plan.threads), smem, stream, k, plan.stages,
+                                  maps));
+  return Status::Ok();
+}
+
+// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements, boxes of 8 rows x
+// 256 columns); false where it cannot be made (K < 256, or a driver without the entry point):
+// the kernel then copies row by row. The last call's map is kept per thread (the weights of a
+// layer rarely move between calls).
+bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
+  if (a.dim < kBox) return false;
+  const auto fn = encode_fn();
   if (fn == nullptr) return false;
   struct Last {
     const void* w = nullptr;
