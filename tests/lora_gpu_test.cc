@@ -3,6 +3,7 @@
 // argument errors.
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <optional>
 
 #include "gpu_test_util.h"
@@ -200,6 +201,64 @@ TEST(LoraGpu, StreamKernelEdges) {
       c.block = 33;        // just past the stream kernel's block limit: the grid kernel
       check_case(c, rng);
     }
+}
+
+// An eager engine alternates layers: each call of an op sees other weights. The stream kernels'
+// tensor maps (a copy of the weight pointer and shape, made on the host) come from a cache of
+// many keys, so each layer must still read its own weights: layers of the same shape and routing
+// but different weights, called in turn twice over, each against its own CPU reference. After
+// the first pass every call is a cache hit (no map is encoded again).
+TEST(LoraGpu, AlternatingLayersReadTheirOwnWeights) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  constexpr int kLayers = 3;
+  for (Op op : {Op::kShrink, Op::kExpand}) {
+    Case c;
+    c.op = op, c.routing = RoutingKind::kAligned, c.block = 16;
+    c.T = 12, c.k = 4, c.S = 4, c.E = 8, c.r_max = 32, c.dim = 1032;  // shrink map: K >= 256
+    SCOPED_TRACE(c.name());
+    std::vector<Data> d;
+    d.push_back(make_data(c, rng));
+    d[0].ranks = {8, 16, 32, 24};  // expand: tensor copies at r8 8 and 16, per-lane at 24
+    for (int l = 1; l < kLayers; ++l) {
+      d.push_back(make_data(c, rng));
+      share_routing(d[l], d[0]);
+      d[l].scales = d[0].scales;
+    }
+    std::vector<std::vector<uint16_t>> ref;
+    std::vector<std::unique_ptr<DevData>> g;
+    for (int l = 0; l < kLayers; ++l) {
+      ref.push_back(run_cpu(d[l]));
+      g.push_back(std::make_unique<DevData>(d[l]));
+      for (int j = 0; j < l; ++j) ASSERT_NE(d[l].w, d[j].w);
+    }
+    Plan pl;
+    PlanOptions o;
+    o.kernel = "stream";
+    ASSERT_TRUE(plan(d[0].pb, &pl, o).ok());
+    uint64_t hits0 = 0, misses0 = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      const auto st0 = molora::lora::detail::tensor_map_cache_stats();
+      for (int l = 0; l < kLayers; ++l) {
+        SCOPED_TRACE("pass " + std::to_string(pass) + " layer " + std::to_string(l));
+        g[l]->out.set(d[l].out);
+        ASSERT_TRUE(run_gpu(d[l], *g[l], &pl, nullptr).ok());
+        CK(cudaDeviceSynchronize());
+        const Err e = compare(d[l], g[l]->out.get(), ref[l], d[l].out);
+        EXPECT_LE(e.rel, tolerance(c.dt));
+        EXPECT_EQ(e.untouched_changed, 0);
+        EXPECT_EQ(e.nonfinite, 0);
+      }
+      const auto st1 = molora::lora::detail::tensor_map_cache_stats();
+      if (pass == 0) {  // up to one new key per layer (an address may repeat an earlier test's)
+        EXPECT_LE(st1.misses - st0.misses, uint64_t(kLayers));
+        hits0 = st1.hits, misses0 = st1.misses;
+      } else {  // every lookup a hit
+        EXPECT_EQ(st1.misses, misses0);
+        EXPECT_EQ(st1.hits - hits0, uint64_t(kLayers));
+      }
+    }
+  }
 }
 
 TEST(LoraGpu, PrefillUngroupedPath) {

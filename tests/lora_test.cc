@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "lora/lora_bench.h"
+#include "lora/memo_cache.h"
 #include "lora_test_util.h"
 #include "molora/settings.h"
 
@@ -627,5 +628,78 @@ TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {
         "N64_r8_V1x1x", "N-64_r8_V1x1", "N64_r8", "n64_r8_V1x1"}) {
     EXPECT_FALSE(b::parse_shape(bad, &sh)) << bad;
     EXPECT_EQ(sh.name, before.name) << bad;  // untouched
+  }
+}
+
+// The stream kernels' tensor-map memo (memo_cache.h): a hit returns what make() stored for that
+// exact key, make() runs once per key, every byte of the key counts, and the least recently used
+// key is the one evicted at capacity.
+TEST(LoraMemoCache, HitsMissesAndLeastRecentlyUsedEviction) {
+  struct Key {
+    uint64_t w;
+    int64_t d;
+    int32_t kind, tile;
+  };
+  detail::MemoCache<Key, int64_t> cache(3);
+  int makes = 0;
+  auto get = [&](Key k) {
+    return cache.get(k, [&](int64_t* v) {
+      ++makes;
+      *v = int64_t(k.w) * 1000 + k.d * 10 + k.kind + 100 * k.tile;
+    });
+  };
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t base = rng() >> 20;
+  const Key a{base, 7, 0, 0}, b{base + 16, 7, 0, 0}, c{base, 8, 0, 0}, d{base, 7, 1, 0};
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);
+  EXPECT_EQ(get(b), int64_t(base + 16) * 1000 + 70);
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);  // hit: no new make
+  EXPECT_EQ(makes, 2);
+  EXPECT_EQ(get(c), int64_t(base) * 1000 + 80);  // differs from a in one field only
+  EXPECT_EQ(makes, 3);
+  auto st = cache.stats();
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 3u);
+  EXPECT_EQ(st.size, 3u);
+  EXPECT_EQ(st.capacity, 3u);
+  // Full (a, b, c; b least recently used): d evicts b, so b is made again and a stays.
+  EXPECT_EQ(get(d), int64_t(base) * 1000 + 71);
+  EXPECT_EQ(makes, 4);
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);
+  EXPECT_EQ(makes, 4);
+  EXPECT_EQ(get(b), int64_t(base + 16) * 1000 + 70);
+  EXPECT_EQ(makes, 5);
+  EXPECT_EQ(cache.stats().size, 3u);  // never more than the capacity
+  // (b's return evicted c, the least recently used then)
+  EXPECT_EQ(get(c), int64_t(base) * 1000 + 80);
+  EXPECT_EQ(makes, 6);
+  cache.clear();
+  st = cache.stats();
+  EXPECT_EQ(st.size, 0u);
+  EXPECT_EQ(st.hits + st.misses, 0u);
+}
+
+// A layer cycle longer than one entry per op (an eager engine alternating layers): after the
+// first pass every lookup hits, for any cycle that fits the capacity; a cycle past it misses on
+// every lookup (LRU), which the capacity (512 in lora_stream.cu) is sized to avoid.
+TEST(LoraMemoCache, LayerCyclesWithinCapacityHitAfterOnePass) {
+  struct Key {
+    uint64_t w;
+    int64_t d;
+  };
+  std::mt19937_64 rng(std::random_device{}());
+  const int cap = 8 + int(rng() % 56);
+  for (const int layers : {1, 2, cap - 1, cap, cap + 1}) {
+    detail::MemoCache<Key, int> cache(static_cast<size_t>(cap));
+    int makes = 0;
+    for (int pass = 0; pass < 4; ++pass)
+      for (int l = 0; l < layers; ++l)
+        EXPECT_EQ(cache.get(Key{uint64_t(l) * 256, 4096},
+                            [&](int* v) {
+                              ++makes;
+                              *v = l;
+                            }),
+                  l);
+    EXPECT_EQ(makes, layers <= cap ? layers : 4 * layers) << "layers " << layers << " cap " << cap;
   }
 }

@@ -1,5 +1,5 @@
 // `molora bench lora [--tune] [--out FILE] [--quick] [--shape S --op O --T 1,64 --routing R
-// --kernel K --none F]`: the lora benchmark table, one shape, or the tuner
+// --kernel K --none F --mixed-ranks --layers L]`: the lora benchmark table, one shape, or the tuner
 // that writes configs/lora/<gpu>.json (read by the planner; MOLORA_LORA_CONFIG overrides).
 #include <iostream>
 #include <memory>
@@ -40,6 +40,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   auto mixed = std::make_shared<bool>(false);
   lora->add_flag("--mixed-ranks", *mixed,
                  "Every second slot at rank r_max / 2 (one-shape mode; default: all at r_max)");
+  auto layers = std::make_shared<int>(0);
+  lora->add_option("--layers", *layers,
+                   "Also time eager host cost per call cycling over L layers' weights "
+                   "(one-shape mode)")
+      ->check(CLI::Range(1, 4096));
   lora->add_option("--none", *none, "Share of tokens without adapter (one-shape mode)")
       ->check(CLI::Range(0.0, 1.0));
   lora->callback([=, &exit_code] {
@@ -52,6 +57,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.kernel = *kernel;
       c.none_frac = *none;
       c.mixed_ranks = *mixed;
+      c.layers = *layers;
       if (!molora::lora::bench::parse_shape(*shape, &c.shape)) {
         std::cerr << "molora bench lora: unknown --shape " << *shape << " (seed shapes:";
         for (const auto& sh : molora::lora::bench::seed_shapes()) std::cerr << " " << sh.name;
@@ -71,6 +77,10 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
           std::cout << *op << " " << *shape << " T=" << T << " " << *routing << " "
                     << r.plan.variant << " tile=" << r.plan.tile << ": " << r.us << " us, floor "
                     << r.floor_us << " us, " << r.pct_copy << "% of copy " << copy << " GB/s\n";
+        if (st.ok() && c.layers > 0)
+          std::cout << "  eager host over " << c.layers << " layers: cold " << r.host_us_cold
+                    << " us/call (" << r.encodes_cold << " map encodes/call), warm "
+                    << r.host_us_warm << " us/call (" << r.encodes_warm << " map encodes/call)\n";
       }
     } else if (*tune) {
       std::string path = *out;

@@ -2,6 +2,7 @@
 #include "lora/lora_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -223,6 +224,29 @@ Status time_graph_us(cudaStream_t s, F&& call, double* us) {
   return Status::Ok();
 }
 
+// Host time per eager call over `layers` weight pointers (call(routing, layer)): one pass with
+// the tensor-map cache emptied, then eight passes warm (see Result::host_us_cold).
+template <typename F>
+Status time_layers_host(int layers, cudaStream_t s, F&& call, Result* r) {
+  using clock = std::chrono::steady_clock;
+  auto pass = [&](int passes, double* us, double* encodes) -> Status {
+    MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
+    const uint64_t m0 = detail::tensor_map_cache_stats().misses;
+    const auto t0 = clock::now();
+    int n = 0;
+    for (int p = 0; p < passes; ++p)
+      for (int l = 0; l < layers; ++l, ++n) MOLORA_RETURN_IF_ERROR(call(n % kRot, l));
+    const auto t1 = clock::now();
+    MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
+    *us = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+    *encodes = double(detail::tensor_map_cache_stats().misses - m0) / n;
+    return Status::Ok();
+  };
+  detail::tensor_map_cache_clear();
+  MOLORA_RETURN_IF_ERROR(pass(1, &r->host_us_cold, &r->encodes_cold));
+  return pass(8, &r->host_us_warm, &r->encodes_warm);
+}
+
 Status measure_empty_launch_us(double* us) {
   int dev = 0, sms = 0;
   MOLORA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -254,10 +278,12 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     pb.sorted_len = P + V * (c.block - 1);
   }
   // Weights: one buffer per (op, shape), filled with a small constant.
-  const size_t wbytes = size_t(V) * sh.r * sh.dim * 2;
+  // (plus 256 bytes per layer of Case::layers: layer l reads from 256 * l bytes in)
+  constexpr size_t kLayerStep = 256;
+  const size_t wbytes = size_t(V) * sh.r * sh.dim * 2 + kLayerStep * size_t(std::max(c.layers, 0));
   Buf& w = buf("w");
   static std::string w_for;
-  const std::string wkey = sh.name + op_name(c.op);
+  const std::string wkey = sh.name + op_name(c.op) + "/" + std::to_string(wbytes);
   if (w_for != wkey) {
     MOLORA_RETURN_IF_ERROR(w.ensure(wbytes));
     MOLORA_CUDA_CHECK(cudaMemset(w.p, 0x3c, wbytes));
@@ -322,7 +348,16 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
   Result r;
-  const Status st = time_graph_us(s, call, &r.us);
+  Status st = time_graph_us(s, call, &r.us);
+  if (st.ok() && c.layers > 0) {
+    auto call_layer = [&](int i, int l) {  // routing i of kRot, layer l
+      const void* wl = static_cast<const char*>(w.p) + kLayerStep * size_t(l);
+      return c.op == Op::kShrink
+                 ? shrink(pb, &run_plan, in.p, wl, d_ranks, rts[i], o.p, s)
+                 : expand(pb, &run_plan, in.p, wl, d_ranks, d_scales, rts[i], o.p, s);
+    };
+    st = time_layers_host(c.layers, s, call_layer, &r);
+  }
   cudaStreamDestroy(s);
   MOLORA_RETURN_IF_ERROR(st);
   r.bytes = int64_t(bytes_sum / kRot);

@@ -35,6 +35,9 @@ struct Case {
   std::string kernel;        // "" the planner's choice, "grid" or "stream"
   std::string config_path;   // "" default lookup, "none" heuristic only
   bool mixed_ranks = false;  // every second slot at rank r_max / 2 (else every slot at r_max)
+  // > 0: also time eager calls (no graph) cycling over this many layers, i.e. weight pointers
+  // 256 bytes apart (same shape), as an engine without graphs alternates layers: host_us_*.
+  int layers = 0;
 };
 
 struct Result {
@@ -44,6 +47,12 @@ struct Result {
   double gbps = 0;
   double pct_copy = 0;  // of the measured device-to-device copy bandwidth
   Plan plan;
+  // With Case::layers: host time per eager call (enqueue only, the GPU runs behind), first over
+  // the layers with the tensor-map cache emptied (every stream call encodes its maps: what a
+  // cache of the last call's maps paid at every call when layers alternate), then warm (eight
+  // more passes); and the maps encoded per call in each.
+  double host_us_cold = 0, host_us_warm = 0;
+  double encodes_cold = 0, encodes_warm = 0;
 };
 
 // Device-to-device copy bandwidth (read + write counted), GB/s.

@@ -191,5 +191,14 @@ __host__ __device__
 }
 // Launches a stream plan that run() has validated (stream_shape_ok, stream_tile_ok).
 Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
+// The stream kernels' tensor-map cache (lora_stream.cu, memo_cache.h): lookups that found a map,
+// maps encoded (misses), keys held, and the most it holds. For the benchmark and the tests.
+struct MapCacheStats {
+  uint64_t hits, misses;
+  size_t size, capacity;
+};
+MapCacheStats tensor_map_cache_stats();
+// Empties it (the benchmark's cold measurement).
+void tensor_map_cache_clear();
 
 }  // namespace molora::lora::detail

@@ -40,6 +40,7 @@
 #include "core/cuda_util.h"
 #include "lora/lora_device.cuh"
 #include "lora/lora_internal.h"
+#include "lora/memo_cache.h"
 #include "molora/settings.h"
 
 namespace molora::lora::detail {
@@ -997,48 +998,61 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
+// The tensor maps of every distinct (weights, shape, box) key made so far, shared by both ops and
+// every host thread: a map depends on nothing else, so a hit is exact. 512 keys cover the 4 ops
+// x ~120 layers of an engine that calls every layer eagerly (memo_cache.h says why one entry per
+// op was not enough). A failed encode is kept too (ok = 0: the kernels' fallback copies).
+struct MapKey {
+  uint64_t w;
+  int64_t d0, d1, d2;  // shrink: K, rows, 0; expand: r_max, N, V
+  int32_t kind, tile;  // 0 shrink (tile 0), 1 expand
+};
+struct MapValue {
+  ExpandMaps maps;  // shrink: maps.m[0]
+};
+constexpr size_t kMapCacheKeys = 512;
+MemoCache<MapKey, MapValue>& map_cache() {
+  static MemoCache<MapKey, MapValue> c(kMapCacheKeys);
+  return c;
+}
+
 // Expand's tensor maps (ExpandMaps) for r_max >= 32: B viewed as [V, N, r_max] (16-bit
 // elements), map j with boxes of (8 << j) columns x tile rows x 1 expert for each 8 << j below
 // r_max, no L2 promotion (a box row of r8 columns must not fetch the rest of its r_max row).
 // ok = 0 where they cannot be made (tile > 256 rows, a driver without the entry point, a
-// misaligned B): the kernel then uses its per-lane copies. The last call's maps are kept per
-// thread.
+// misaligned B): the kernel then uses its per-lane copies.
 void expand_maps(const KernelArgs& a, ExpandMaps* out) {
   std::memset(out, 0, sizeof(*out));
   if (a.r_max < 32 || a.tile <= 0 || a.tile > 256) return;
   const auto fn = encode_fn();
   if (fn == nullptr) return;
-  struct Last {
-    const void* w = nullptr;
-    int64_t N = 0, V = 0;
-    int r_max = 0, tile = 0;
-    ExpandMaps maps;
-  };
-  static thread_local Last last;
   const int64_t V = static_cast<int64_t>(a.S) * a.E;
-  if (last.w == a.w && last.N == a.dim && last.V == V && last.r_max == a.r_max &&
-      last.tile == a.tile) {
-    *out = last.maps;
-    return;
-  }
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.r_max), static_cast<cuuint64_t>(a.dim),
-                              static_cast<cuuint64_t>(V)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.r_max) * 2,
-                                 static_cast<cuuint64_t>(a.dim) * a.r_max * 2};
-  const cuuint32_t es[3] = {1, 1, 1};
-  ExpandMaps m;
-  std::memset(&m, 0, sizeof(m));
-  for (int j = 0; (8 << j) < a.r_max; ++j) {
-    const cuuint32_t box[3] = {static_cast<cuuint32_t>(8 << j), static_cast<cuuint32_t>(a.tile), 1};
-    if (fn(&m.m[j], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w), dims, strides, box,
-           es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-           CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return;
-  }
-  m.ok = 1;
-  last.w = a.w, last.N = a.dim, last.V = V, last.r_max = a.r_max, last.tile = a.tile;
-  last.maps = m;
-  *out = m;
+  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.r_max, a.dim, V, 1, a.tile};
+  *out = map_cache()
+             .get(key,
+                  [&](MapValue* v) {
+                    ExpandMaps& m = v->maps;
+                    std::memset(&m, 0, sizeof(m));
+                    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.r_max),
+                                                static_cast<cuuint64_t>(a.dim),
+                                                static_cast<cuuint64_t>(V)};
+                    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.r_max) * 2,
+                                                   static_cast<cuuint64_t>(a.dim) * a.r_max * 2};
+                    const cuuint32_t es[3] = {1, 1, 1};
+                    for (int j = 0; (8 << j) < a.r_max; ++j) {
+                      const cuuint32_t box[3] = {static_cast<cuuint32_t>(8 << j),
+                                                 static_cast<cuuint32_t>(a.tile), 1};
+                      if (fn(&m.m[j], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w),
+                             dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+                        std::memset(&m, 0, sizeof(m));
+                        return;
+                      }
+                    }
+                    m.ok = 1;
+                  })
+             .maps;
 }
 
 template <typename T, int RM>
@@ -1059,34 +1073,26 @@ Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
 
 // The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements, boxes of 8 rows x
 // 256 columns); false where it cannot be made (K < 256, or a driver without the entry point):
-// the kernel then copies row by row. The last call's map is kept per thread (the weights of a
-// layer rarely move between calls).
+// the kernel then copies row by row.
 bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
   if (a.dim < kBox) return false;
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
-  struct Last {
-    const void* w = nullptr;
-    int64_t dim = 0, rows = 0;
-    CUtensorMap map;
-  };
-  static thread_local Last last;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
-  if (last.w == a.w && last.dim == a.dim && last.rows == rows) {
-    *out = last.map;
-    return true;
-  }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
-  const cuuint32_t box[2] = {kBox, kStreamShrinkRows};
-  const cuuint32_t es[2] = {1, 1};
-  CUtensorMap m;
-  if (fn(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides, box, es,
-         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return false;
-  last.w = a.w, last.dim = a.dim, last.rows = rows, last.map = m;
-  *out = m;
+  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, 0};
+  const MapValue v = map_cache().get(key, [&](MapValue* mv) {
+    std::memset(mv, 0, sizeof(*mv));
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
+    const cuuint32_t box[2] = {kBox, kStreamShrinkRows};
+    const cuuint32_t es[2] = {1, 1};
+    mv->maps.ok =
+        fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides,
+           box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  });
+  if (!v.maps.ok) return false;
+  *out = v.maps.m[0];
   return true;
 }
 
@@ -1144,5 +1150,11 @@ Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cud
   return Status::InvalidArgument(std::string("dtype must be bf16 or f16 on the GPU, got ") +
                                  dtype_name(dt));
 }
+
+MapCacheStats tensor_map_cache_stats() {
+  const auto st = map_cache().stats();
+  return {st.hits, st.misses, st.size, st.capacity};
+}
+void tensor_map_cache_clear() { map_cache().clear(); }
 
 }  // namespace molora::lora::detail
