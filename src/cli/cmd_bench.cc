@@ -30,8 +30,9 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->add_option("--shape", *shape,
                    "Seed shape name, e.g. N6144_r32_V160x8, or any "
                    "N<dim>_r<r_max>_V<experts>x<slots> (one-shape mode)");
-  lora->add_option("--op", *op, "expand or shrink (one-shape mode)")
-      ->check(CLI::IsMember({"expand", "shrink"}));
+  lora->add_option("--op", *op,
+                   "expand, shrink, or chain: shrink -> expand pairs, N = K (one-shape mode)")
+      ->check(CLI::IsMember({"expand", "shrink", "chain"}));
   lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
       ->check(CLI::IsMember({"plain", "aligned"}));
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
@@ -51,7 +52,8 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
     molora::Status st;
     if (!shape->empty()) {
       molora::lora::bench::Case c;
-      c.op = *op == "shrink" ? molora::lora::Op::kShrink : molora::lora::Op::kExpand;
+      c.op = *op == "expand" ? molora::lora::Op::kExpand : molora::lora::Op::kShrink;
+      c.chain = *op == "chain";
       c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
                                       : molora::lora::RoutingKind::kAligned;
       c.kernel = *kernel;
@@ -80,7 +82,9 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
         if (st.ok() && c.layers > 0)
           std::cout << "  eager host over " << c.layers << " layers: cold " << r.host_us_cold
                     << " us/call (" << r.encodes_cold << " map encodes/call), warm "
-                    << r.host_us_warm << " us/call (" << r.encodes_warm << " map encodes/call)\n";
+                    << r.host_us_warm << " us/call (" << r.encodes_warm
+                    << " map encodes/call); one pointer check " << r.host_us_pointer_check
+                    << " us, one empty launch " << r.host_us_empty_launch << " us\n";
       }
     } else if (*tune) {
       std::string path = *out;

@@ -225,9 +225,10 @@ Status time_graph_us(cudaStream_t s, F&& call, double* us) {
 }
 
 // Host time per eager call over `layers` weight pointers (call(routing, layer)): one pass with
-// the tensor-map cache emptied, then eight passes warm (see Result::host_us_cold).
+// the tensor-map cache emptied, then eight passes warm (see Result::host_us_cold); then the host
+// cost of one pointer check (on dev_ptr) and of one empty launch.
 template <typename F>
-Status time_layers_host(int layers, cudaStream_t s, F&& call, Result* r) {
+Status time_layers_host(int layers, cudaStream_t s, F&& call, const void* dev_ptr, Result* r) {
   using clock = std::chrono::steady_clock;
   auto pass = [&](int passes, double* us, double* encodes) -> Status {
     MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -244,7 +245,20 @@ Status time_layers_host(int layers, cudaStream_t s, F&& call, Result* r) {
   };
   detail::tensor_map_cache_clear();
   MOLORA_RETURN_IF_ERROR(pass(1, &r->host_us_cold, &r->encodes_cold));
-  return pass(8, &r->host_us_warm, &r->encodes_warm);
+  MOLORA_RETURN_IF_ERROR(pass(8, &r->host_us_warm, &r->encodes_warm));
+  constexpr int kN = 512;  // (kernels enqueued below stay under the launch queue's depth)
+  const auto t0 = clock::now();
+  for (int i = 0; i < kN; ++i) {
+    cudaPointerAttributes at{};
+    MOLORA_CUDA_CHECK(cudaPointerGetAttributes(&at, dev_ptr));
+  }
+  const auto t1 = clock::now();
+  for (int i = 0; i < kN; ++i) MOLORA_RETURN_IF_ERROR(detail::launch_empty(1, 32, s));
+  const auto t2 = clock::now();
+  MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
+  r->host_us_pointer_check = std::chrono::duration<double, std::micro>(t1 - t0).count() / kN;
+  r->host_us_empty_launch = std::chrono::duration<double, std::micro>(t2 - t1).count() / kN;
+  return Status::Ok();
 }
 
 Status measure_empty_launch_us(double* us) {
@@ -305,6 +319,11 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   MOLORA_RETURN_IF_ERROR(upload("ranks", ranks, 0, ranks.size(), &d_ranks));
   MOLORA_RETURN_IF_ERROR(upload("scales", scales, 0, scales.size(), &d_scales));
 
+  if (c.chain && c.op != Op::kShrink) return Status::InvalidArgument("a chain starts with shrink");
+  Problem pbe = pb;  // the chain's expand (N = K)
+  pbe.op = Op::kExpand;
+  pbe.K = 0;
+  pbe.N = sh.dim;
   std::mt19937_64 rng(0x10ba + c.T * 131 + int(c.none_frac * 10) + sh.dim);
   Routing rts[kRot];
   double bytes_sum = 0;
@@ -334,13 +353,32 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     po.stats = &h.st;
     MOLORA_RETURN_IF_ERROR(plan(pb, &pl, po));
     bytes_sum += double(pl.bytes);
+    if (c.chain) {
+      MOLORA_RETURN_IF_ERROR(plan(pbe, &pl, po));
+      bytes_sum += double(pl.bytes);
+    }
   }
   po.stats = nullptr;
   Plan run_plan;
   MOLORA_RETURN_IF_ERROR(plan(pb, &run_plan, po));
+  // The chain's expand: B [V, N = dim, r] (its own buffer), t = the shrink's output, y [P, N].
+  Plan plan_e;
+  Buf& w2 = buf("w2");
+  Buf& y = buf("y");
+  if (c.chain) {
+    MOLORA_RETURN_IF_ERROR(w2.ensure(wbytes));
+    MOLORA_CUDA_CHECK(cudaMemset(w2.p, 0x3c, wbytes));
+    MOLORA_RETURN_IF_ERROR(y.ensure(size_t(P) * sh.dim * 2));
+    MOLORA_CUDA_CHECK(cudaMemset(y.p, 0, size_t(P) * sh.dim * 2));
+    MOLORA_RETURN_IF_ERROR(plan(pbe, &plan_e, po));
+  }
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  auto call = [&](int i) {
+  auto call = [&](int i) -> Status {
+    if (c.chain) {
+      MOLORA_RETURN_IF_ERROR(shrink(pb, &run_plan, in.p, w.p, d_ranks, rts[i], o.p, s));
+      return expand(pbe, &plan_e, o.p, w2.p, d_ranks, d_scales, rts[i], y.p, s);
+    }
     return c.op == Op::kShrink
                ? shrink(pb, &run_plan, in.p, w.p, d_ranks, rts[i], o.p, s)
                : expand(pb, &run_plan, in.p, w.p, d_ranks, d_scales, rts[i], o.p, s);
@@ -356,7 +394,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
                  ? shrink(pb, &run_plan, in.p, wl, d_ranks, rts[i], o.p, s)
                  : expand(pb, &run_plan, in.p, wl, d_ranks, d_scales, rts[i], o.p, s);
     };
-    st = time_layers_host(c.layers, s, call_layer, &r);
+    st = time_layers_host(c.layers, s, call_layer, w.p, &r);
   }
   cudaStreamDestroy(s);
   MOLORA_RETURN_IF_ERROR(st);

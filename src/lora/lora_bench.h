@@ -38,6 +38,10 @@ struct Case {
   // > 0: also time eager calls (no graph) cycling over this many layers, i.e. weight pointers
   // 256 bytes apart (same shape), as an engine without graphs alternates layers: host_us_*.
   int layers = 0;
+  // With op shrink: time shrink -> expand pairs instead (one graph; expand reads the t the
+  // shrink wrote, N = K = shape.dim, the same routing): the two calls a fused shrink+expand
+  // would replace. bytes and floor are those of both calls.
+  bool chain = false;
 };
 
 struct Result {
@@ -53,6 +57,9 @@ struct Result {
   // more passes); and the maps encoded per call in each.
   double host_us_cold = 0, host_us_warm = 0;
   double encodes_cold = 0, encodes_warm = 0;
+  // Beside it, host us of one cudaPointerGetAttributes (a call checks each of its 7-8 pointers
+  // with one, outside captures) and of one empty kernel launch.
+  double host_us_pointer_check = 0, host_us_empty_launch = 0;
 };
 
 // Device-to-device copy bandwidth (read + write counted), GB/s.
