@@ -41,6 +41,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   auto mixed = std::make_shared<bool>(false);
   lora->add_flag("--mixed-ranks", *mixed,
                  "Every second slot at rank r_max / 2 (one-shape mode; default: all at r_max)");
+  auto copies = std::make_shared<int>(1);
+  lora->add_option("--weight-copies", *copies,
+                   "Distinct weight copies the timed calls cycle through (default 1; one-shape "
+                   "mode)")
+      ->check(CLI::Range(1, 16));
   auto layers = std::make_shared<int>(0);
   lora->add_option("--layers", *layers,
                    "Also time eager host cost per call cycling over L layers' weights "
@@ -60,6 +65,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.none_frac = *none;
       c.mixed_ranks = *mixed;
       c.layers = *layers;
+      c.weight_copies = *copies;
       if (!molora::lora::bench::parse_shape(*shape, &c.shape)) {
         std::cerr << "molora bench lora: unknown --shape " << *shape << " (seed shapes:";
         for (const auto& sh : molora::lora::bench::seed_shapes()) std::cerr << " " << sh.name;

@@ -294,15 +294,23 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   // Weights: one buffer per (op, shape), filled with a small constant.
   // (plus 256 bytes per layer of Case::layers: layer l reads from 256 * l bytes in)
   constexpr size_t kLayerStep = 256;
-  const size_t wbytes = size_t(V) * sh.r * sh.dim * 2 + kLayerStep * size_t(std::max(c.layers, 0));
+  // (Case::weight_copies of them, one after the other, each 256-byte aligned)
+  const size_t wbytes =
+      (size_t(V) * sh.r * sh.dim * 2 + kLayerStep * size_t(std::max(c.layers, 0)) + 255) / 256 *
+      256;
+  const int copies = std::max(1, c.weight_copies);
   Buf& w = buf("w");
   static std::string w_for;
-  const std::string wkey = sh.name + op_name(c.op) + "/" + std::to_string(wbytes);
+  const std::string wkey =
+      sh.name + op_name(c.op) + "/" + std::to_string(wbytes) + "x" + std::to_string(copies);
   if (w_for != wkey) {
-    MOLORA_RETURN_IF_ERROR(w.ensure(wbytes));
-    MOLORA_CUDA_CHECK(cudaMemset(w.p, 0x3c, wbytes));
+    MOLORA_RETURN_IF_ERROR(w.ensure(wbytes * copies));
+    MOLORA_CUDA_CHECK(cudaMemset(w.p, 0x3c, wbytes * copies));
     w_for = wkey;
   }
+  auto w_at = [&](const Buf& b, int i) {  // the weights call i reads
+    return static_cast<const void*>(static_cast<const char*>(b.p) + wbytes * size_t(i % copies));
+  };
   const size_t in_elems = c.op == Op::kShrink ? size_t(c.T) * sh.dim : size_t(P) * sh.r;
   const size_t out_elems = c.op == Op::kShrink ? size_t(P) * sh.r : size_t(P) * sh.dim;
   Buf& in = buf("in");
@@ -366,8 +374,8 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   Buf& w2 = buf("w2");
   Buf& y = buf("y");
   if (c.chain) {
-    MOLORA_RETURN_IF_ERROR(w2.ensure(wbytes));
-    MOLORA_CUDA_CHECK(cudaMemset(w2.p, 0x3c, wbytes));
+    MOLORA_RETURN_IF_ERROR(w2.ensure(wbytes * copies));
+    MOLORA_CUDA_CHECK(cudaMemset(w2.p, 0x3c, wbytes * copies));
     MOLORA_RETURN_IF_ERROR(y.ensure(size_t(P) * sh.dim * 2));
     MOLORA_CUDA_CHECK(cudaMemset(y.p, 0, size_t(P) * sh.dim * 2));
     MOLORA_RETURN_IF_ERROR(plan(pbe, &plan_e, po));
@@ -376,12 +384,12 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto call = [&](int i) -> Status {
     if (c.chain) {
-      MOLORA_RETURN_IF_ERROR(shrink(pb, &run_plan, in.p, w.p, d_ranks, rts[i], o.p, s));
-      return expand(pbe, &plan_e, o.p, w2.p, d_ranks, d_scales, rts[i], y.p, s);
+      MOLORA_RETURN_IF_ERROR(shrink(pb, &run_plan, in.p, w_at(w, i), d_ranks, rts[i], o.p, s));
+      return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i], y.p, s);
     }
     return c.op == Op::kShrink
-               ? shrink(pb, &run_plan, in.p, w.p, d_ranks, rts[i], o.p, s)
-               : expand(pb, &run_plan, in.p, w.p, d_ranks, d_scales, rts[i], o.p, s);
+               ? shrink(pb, &run_plan, in.p, w_at(w, i), d_ranks, rts[i], o.p, s)
+               : expand(pb, &run_plan, in.p, w_at(w, i), d_ranks, d_scales, rts[i], o.p, s);
   };
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -42,6 +42,10 @@ struct Case {
   // shrink wrote, N = K = shape.dim, the same routing): the two calls a fused shrink+expand
   // would replace. bytes and floor are those of both calls.
   bool chain = false;
+  // Distinct copies of the weights that the timed calls cycle through (call i reads copy
+  // i % weight_copies): 1 lets a call find weights of the call before it in L2 (50 MiB on the
+  // H200); an engine's decode step never does (every layer has its own).
+  int weight_copies = 1;
 };
 
 struct Result {
