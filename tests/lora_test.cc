@@ -703,3 +703,62 @@ TEST(LoraMemoCache, LayerCyclesWithinCapacityHitAfterOnePass) {
     EXPECT_EQ(makes, layers <= cap ? layers : 4 * layers) << "layers " << layers << " cap " << cap;
   }
 }
+
+// The stream kernels' divisions by launch constants (fastdiv.h): n / d and n % d exactly, for
+// edge values (0, d - 1, d, d + 1, powers of two and their neighbours, 2^31 - 1) and random
+// ones, for every divisor class the kernels use (1, small, powers of two, up to 2^31 - 1).
+TEST(LoraFastDiv, MatchesIntegerDivision) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<uint32_t> ds = {1,
+                              2,
+                              3,
+                              5,
+                              7,
+                              8,
+                              11,
+                              12,
+                              16,
+                              24,
+                              31,
+                              32,
+                              33,
+                              64,
+                              100,
+                              128,
+                              132,
+                              160,
+                              255,
+                              256,
+                              257,
+                              1000,
+                              4095,
+                              4096,
+                              4097,
+                              65535,
+                              65536,
+                              65537,
+                              (1u << 30) - 1,
+                              1u << 30,
+                              (1u << 30) + 1,
+                              (1u << 31) - 1};
+  for (int i = 0; i < 200; ++i) ds.push_back(1 + uint32_t(rng() % ((1u << 31) - 1)));
+  for (int i = 0; i < 200; ++i) ds.push_back(1 + uint32_t(rng() % 4096));
+  const uint32_t top = (1u << 31) - 1;
+  for (uint32_t d : ds) {
+    const detail::FastDiv f(d);
+    ASSERT_EQ(f.d, d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, top, top - 1, top - d};
+    if (d < top) ns.push_back(d + 1);
+    if (d < top / 2) ns.push_back(2 * d - 1), ns.push_back(2 * d), ns.push_back(2 * d + 1);
+    for (int b = 0; b < 31; ++b) ns.push_back(1u << b), ns.push_back((1u << b) - 1);
+    for (int i = 0; i < 2000; ++i) ns.push_back(uint32_t(rng() % (uint64_t(top) + 1)));
+    for (uint32_t n : ns) {
+      if (n > top) continue;  // (the wrapped d - 1 of d = 0 cannot occur: d >= 1)
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+      ASSERT_EQ(f.mod(n), n % d) << n << " % " << d;
+    }
+  }
+  // Divisors out of range are taken as 1 (the kernels' divisors are validated before).
+  EXPECT_EQ(detail::FastDiv(0).d, 1u);
+  EXPECT_EQ(detail::FastDiv(int64_t(1) << 31).d, 1u);
+}

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "lora/fastdiv.h"
 #include "molora/lora.h"
 
 namespace molora::lora::detail {
@@ -69,6 +70,9 @@ struct KernelArgs {
   int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
   int dbg = 0;  // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
+  // The stream kernels' divisors (fastdiv.h), set by launch_stream: experts, top-k, align block
+  // size, chunks per group, K pieces per task (shrink), ring stages, CTAs, warps per CTA.
+  FastDiv fd_E, fd_k, fd_block, fd_chunks, fd_pieces, fd_stages, fd_grid, fd_warps;
 };
 
 // How a CTA finds its group (see lora.cu).

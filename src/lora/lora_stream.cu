@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/cuda_util.h"
@@ -89,7 +90,7 @@ __device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
 // that runs ahead could see the previous fill of its stage still pending, whose parity differs,
 // and take that as its own phase being complete.
 __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t* full, int64_t pos,
-                                            int stages) {
+                                            const FastDiv& stages) {
   if (*issued <= pos) {
     // Short fixed sleeps: the wake-up delay adds to the stage's turn-around whenever the
     // consumer is ahead of the producer.
@@ -99,7 +100,7 @@ __device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t
       if (clock64() - t0 > (1LL << 33)) __trap();
     }
   }
-  bar_wait(full, (static_cast<uint32_t>(pos) / static_cast<uint32_t>(stages)) & 1u);
+  bar_wait(full, stages.div(static_cast<uint32_t>(pos)) & 1u);
 }
 // A ring position kept as (stage, fill number) and stepped without dividing by `stages` (a
 // runtime value: each division is ~20 dependent instructions on the per-piece path).
@@ -230,9 +231,9 @@ struct TaskIter {
     const KernelArgs& a = *x.a;
     const uint32_t ch = static_cast<uint32_t>(a.chunks);
     const uint32_t t0 = blockIdx.x + (threadIdx.x & 31) * gridDim.x;
-    lg = static_cast<int>(t0 / ch), lc = static_cast<int>(t0 - lg * ch);
+    lg = static_cast<int>(a.fd_chunks.div(t0)), lc = static_cast<int>(t0 - lg * ch);
     const uint32_t step = 32u * gridDim.x;
-    dg = static_cast<int>(step / ch), dc = static_cast<int>(step - dg * ch);
+    dg = static_cast<int>(a.fd_chunks.div(step)), dc = static_cast<int>(step - dg * ch);
     if (static_cast<int64_t>(lg + 1) * a.block <= a.sorted_len)  // block lg exists
       pre = __ldg(a.rt.expert_ids + lg);
   }
@@ -252,7 +253,7 @@ struct TaskIter {
     if (l0 + (threadIdx.x & 31) < x.my_tasks) {
       ve = first ? pre : __ldg(a.rt.expert_ids + lg);
       if (ve >= 0 && ve < x.V) {
-        rk = rank_of(x, ve / a.E);
+        rk = rank_of(x, static_cast<int>(a.fd_E.div(static_cast<uint32_t>(ve))));
         ok = rk > 0 && (OP == Op::kExpand || lc * a.tile < rk);
       }
     }
@@ -294,12 +295,13 @@ __device__ __forceinline__ int cta_tasks(const KernelArgs& a) {
   used = max(int64_t{0}, min(used, a.sorted_len));
   // The planner keeps groups x chunks below 2^31: 32-bit divisions (a 64-bit one is a long
   // subroutine that every warp runs before its first task).
-  const uint32_t groups = used < (int64_t{1} << 31)
-                              ? static_cast<uint32_t>(used) / static_cast<uint32_t>(a.block)
-                              : static_cast<uint32_t>(used / a.block);
+  // (Divisions by the launch's constants as multiplies, fastdiv.h: n < 2^31.)
+  const uint32_t groups = used < (int64_t{1} << 31) ? a.fd_block.div(static_cast<uint32_t>(used))
+                                                    : static_cast<uint32_t>(used / a.block);
   const uint32_t n_tasks = groups * static_cast<uint32_t>(a.chunks);
-  return n_tasks > blockIdx.x ? static_cast<int>((n_tasks - blockIdx.x + gridDim.x - 1) / gridDim.x)
-                              : 0;
+  if (n_tasks <= blockIdx.x) return 0;
+  const uint32_t n = n_tasks - blockIdx.x + gridDim.x - 1;
+  return static_cast<int>(n < (1u << 31) ? a.fd_grid.div(n) : n / gridDim.x);
 }
 // This lane's entry of block g of the align output (-1 past the block or the used length).
 __device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
@@ -316,12 +318,13 @@ __device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk, const E
   const int R = a.r_max;
   const T* W = static_cast<const T*>(a.w);
   // Waits for the stage of `pos` to be free, announces its bytes and issues its copies.
-  // (Expand keeps its divisions: the same without them measured 1-2% slower, v0.7.)
+  // (Ring positions stepped without dividing measured 1-2% slower than dividing, v0.7; the
+  // divisions are multiplies now, fastdiv.h.)
   auto issue = [&](int64_t pos, int c, int v, int r) {
-    // Positions fit in 32 bits (a CTA's tasks < 2^31): 32-bit division.
-    const uint32_t up = static_cast<uint32_t>(pos), us = static_cast<uint32_t>(x.L.stages);
-    const int s = static_cast<int>(up % us);
-    const uint32_t n = up / us;
+    // Positions fit in 31 bits (a CTA's tasks < 2^31).
+    const uint32_t up = static_cast<uint32_t>(pos);
+    const uint32_t n = a.fd_stages.div(up);
+    const int s = static_cast<int>(up - n * a.fd_stages.d);
     if (n > 0) bar_wait(x.empty + s, (n - 1) & 1u);
     uint8_t* dst = x.smem + static_cast<size_t>(s) * stream_stage_bytes(Op::kExpand);
     const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
@@ -506,7 +509,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
   const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
   const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
   const int ntn = rows / 8;
-  const float scale = scale_of(x, v / a.E);
+  const float scale = scale_of(x, static_cast<int>(a.fd_E.div(static_cast<uint32_t>(v))));
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
   const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
@@ -521,7 +524,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
   }
   const uint2 keep2 = keep_k16(r, cq);
   const int64_t pos = vi;  // expand: one piece per task
-  const int s = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(x.L.stages));
+  const int s = static_cast<int>(a.fd_stages.mod(static_cast<uint32_t>(pos)));
   const uint8_t* stage = x.smem + static_cast<size_t>(s) * stream_stage_bytes(Op::kExpand);
   const uint4* st = reinterpret_cast<const uint4*>(stage);
   const uint2* st2 = reinterpret_cast<const uint2*>(stage);
@@ -549,7 +552,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     uint32_t yo[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && nt < ntn) ? yp[nt * 4] : 0u;
-    if (bt == 0) wait_filled(x.issued, x.full + s, pos, x.L.stages);
+    if (bt == 0) wait_filled(x.issued, x.full + s, pos, a.fd_stages);
     if (mc <= 0) break;
       // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
       // its y stores (a load after a store may not be moved above it: they could alias).
@@ -634,9 +637,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   x.V = a.S * a.E;
   const int64_t K = a.dim;
   x.kc = static_cast<int>(min(K, static_cast<int64_t>(kStreamShrinkKc)));
-  x.pieces = (static_cast<int>(K) + x.kc - 1) / x.kc;  // K <= 16384
+  x.pieces = static_cast<int>(a.fd_pieces.d);  // ceil(K / kc), made by the host (K <= 16384)
   uint64_t* ready = reinterpret_cast<uint64_t*>(smem + x.L.ready);
   float* part = reinterpret_cast<float*>(smem + x.L.part);
+  // (One thread initialises every barrier: one per thread measured 1-4% slower, v0.10.)
   if (threadIdx.x == 0) {
     for (int s = 0; s < W * stages; ++s) bar_init(x.full + s, 1);
     for (int v = 0; v < W; ++v) bar_init(ready + v, 1);
@@ -660,20 +664,18 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // Split points begin(v) = v * ptot / W, lane v holding begin(v) for v <= W (one division per
   // lane, all at once: the warp that finishes a cut task reads its helpers' from the lanes).
   // 32-bit where the products fit (always, in practice): a 64-bit division is a long subroutine.
-  const bool small = ptot * W < (int64_t{1} << 32);
-  const int64_t my_split =
-      lane > W ? ptot
-      : small  ? static_cast<int64_t>(static_cast<uint32_t>(lane) * static_cast<uint32_t>(ptot) /
-                                     static_cast<uint32_t>(W))
-               : static_cast<int64_t>(lane) * ptot / W;
+  const bool small = ptot * W < (int64_t{1} << 31);
+  const int64_t my_split = lane > W ? ptot
+                           : small  ? static_cast<int64_t>(a.fd_warps.div(
+                                          static_cast<uint32_t>(lane) * static_cast<uint32_t>(ptot)))
+                                    : static_cast<int64_t>(lane) * ptot / W;
   const int64_t u0 = __shfl_sync(~0u, my_split, w), u1 = __shfl_sync(~0u, my_split, w + 1);
   // Lane v (w < v < W) is set when warp v holds pieces: the candidates to finish a task of ours.
   const int64_t next_split = __shfl_down_sync(~0u, my_split, 1);  // (every lane: a shuffle)
   const unsigned holders = __ballot_sync(~0u, lane > w && lane < W && next_split > my_split);
   // The valid task of piece u0 and the piece within it (later tasks start at piece 0).
   const int64_t ti0 =
-      small ? static_cast<int64_t>(static_cast<uint32_t>(u0) / static_cast<uint32_t>(x.pieces))
-            : u0 / x.pieces;
+      small ? static_cast<int64_t>(a.fd_pieces.div(static_cast<uint32_t>(u0))) : u0 / x.pieces;
   const int q0 = static_cast<int>(u0 - ti0 * x.pieces);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
@@ -758,7 +760,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     const int nb = (count + 7) / 8;
     const int r0 = cur.c * kStreamShrinkRows, rows = min(kStreamShrinkRows, cur.r - r0);
     // x row offset of member gq (batch 0; -1: none); batches past it read theirs from ids[]
-    const int64_t xrow0 = gq < count ? static_cast<int64_t>(ids[gq] / a.k) * K : -1;
+    const int64_t xrow0 =
+        gq < count ? static_cast<int64_t>(a.fd_k.div(static_cast<uint32_t>(ids[gq]))) * K : -1;
     float acc[kB][2];
 #pragma unroll
     for (int bt = 0; bt < kB; ++bt) acc[bt][0] = acc[bt][1] = 0.f;
@@ -804,7 +807,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
         for (int bt = 1; bt < kB; ++bt) {
           if (bt < nb) {
             const int m = bt * 8 + gq;
-            const int64_t xrow = m < count ? static_cast<int64_t>(ids[m] / a.k) * K : -1;
+            const int64_t xrow =
+                m < count ? static_cast<int64_t>(a.fd_k.div(static_cast<uint32_t>(ids[m]))) * K
+                          : -1;
 #pragma unroll 1
             for (int h = 0; h < kSup; h += kSup / 2) {
               uint4 xb[kSup / 2];
@@ -1140,7 +1145,18 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 
 }  // namespace
 
-Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+Status launch_stream(Op op, DType dt, const KernelArgs& args, const Plan& plan,
+                     cudaStream_t stream) {
+  KernelArgs a = args;
+  a.fd_E = FastDiv(a.E);
+  a.fd_k = FastDiv(a.k);
+  a.fd_block = FastDiv(a.block);
+  a.fd_chunks = FastDiv(a.chunks);
+  const int64_t kc = std::min<int64_t>(a.dim, kStreamShrinkKc);  // (as the shrink kernel)
+  a.fd_pieces = FastDiv(op == Op::kShrink && kc > 0 ? (a.dim + kc - 1) / kc : 1);
+  a.fd_stages = FastDiv(plan.stages);
+  a.fd_grid = FastDiv(plan.grid);
+  a.fd_warps = FastDiv(plan.threads / 32);
   if (dt == DType::kBF16)
     return op == Op::kShrink ? launch_t<Op::kShrink, __nv_bfloat16>(a, plan, stream)
                              : launch_t<Op::kExpand, __nv_bfloat16>(a, plan, stream);
