@@ -71,8 +71,9 @@ struct KernelArgs {
   int tile = 0, chunks = 0;
   int dbg = 0;  // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
   // The stream kernels' divisors (fastdiv.h), set by launch_stream: experts, top-k, align block
-  // size, chunks per group, K pieces per task (shrink), ring stages, CTAs, warps per CTA.
-  FastDiv fd_E, fd_k, fd_block, fd_chunks, fd_pieces, fd_stages, fd_grid, fd_warps;
+  // size, chunks per group, K pieces per task (shrink), ring stages, CTAs, warps per CTA,
+  // consumer warps per CTA (expand).
+  FastDiv fd_E, fd_k, fd_block, fd_chunks, fd_pieces, fd_stages, fd_grid, fd_warps, fd_consumers;
 };
 
 // How a CTA finds its group (see lora.cu).

@@ -272,6 +272,35 @@ struct TaskIter {
     t.vi = vi++;
     return true;
   }
+  // The next valid task whose valid index is w modulo C (expand: consumer w's), skipping the
+  // others without stepping through them: each lane holds its task's valid index in the round
+  // (a prefix count of the mask), one ballot picks the first of this consumer's. Exactly the
+  // tasks next() would give with turn counting, in the same order.
+  __device__ __forceinline__ bool next_of(Task& t, int w, const FastDiv& C) {
+    const int lane = threadIdx.x & 31;
+    while (true) {
+      if (m != 0) {
+        const int idx = vi + __popc(m & ((1u << lane) - 1u));
+        const bool mine = ((m >> lane) & 1u) && static_cast<int>(C.mod(idx)) == w;
+        const unsigned sel = __ballot_sync(~0u, mine);
+        if (sel != 0) {
+          const int j = __ffs(sel) - 1;
+          const unsigned upto = j == 31 ? ~0u : ((1u << (j + 1)) - 1u);
+          vi += __popc(m & upto);
+          m &= ~upto;
+          t.g = __shfl_sync(~0u, lg, j);
+          t.c = __shfl_sync(~0u, lc, j);
+          t.v = __shfl_sync(~0u, ve, j);
+          t.r = __shfl_sync(~0u, rk, j);
+          t.vi = vi - 1;
+          return true;
+        }
+        vi += __popc(m);
+        m = 0;
+      }
+      if (!round()) return false;
+    }
+  }
   // The number of valid tasks left (consumes the iterator).
   __device__ __forceinline__ int count() {
     int n = __popc(m);
@@ -937,16 +966,10 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   }
   const int w = warp - 1;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
-  // This warp's tasks, the pair ids of the next one loaded while the current one runs.
-  int turn = 0;  // the next valid task's index modulo consumers (kept without a division)
-  auto next_mine = [&](Task& t) {
-    while (it.next(t)) {
-      const bool mine = turn == w;
-      if (++turn == consumers) turn = 0;
-      if (mine) return true;
-    }
-    return false;
-  };
+  // This warp's tasks (valid task i is consumer i % consumers'), the pair ids of the next one
+  // loaded while the current one runs. (Stepping through every task to find them was ~15
+  // instructions per task of the CTA per consumer, bench/NOTES.md "lora v0.10".)
+  auto next_mine = [&](Task& t) { return it.next_of(t, w, a.fd_consumers); };
   Task cur, nxt;
   bool have = next_mine(cur);
   int p = have ? block_entry(a, cur.g) : -1;
@@ -1157,6 +1180,7 @@ Status launch_stream(Op op, DType dt, const KernelArgs& args, const Plan& plan,
   a.fd_stages = FastDiv(plan.stages);
   a.fd_grid = FastDiv(plan.grid);
   a.fd_warps = FastDiv(plan.threads / 32);
+  a.fd_consumers = FastDiv(stream_consumers_of(op, plan.threads));
   if (dt == DType::kBF16)
     return op == Op::kShrink ? launch_t<Op::kShrink, __nv_bfloat16>(a, plan, stream)
                              : launch_t<Op::kExpand, __nv_bfloat16>(a, plan, stream);
