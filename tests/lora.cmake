@@ -28,6 +28,10 @@ if(MOLORA_BUILD_CLI)
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
             "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--layers;0" -DEXPECT=2
             -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  add_test(NAME lora_cli_bench_chain_with_layers_exits_2
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
+            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--op;chain;--layers;4" -DEXPECT=2
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
   add_test(NAME lora_cli_bench_bad_op_exits_2
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
             "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--op;fused" -DEXPECT=2
@@ -38,5 +42,5 @@ if(MOLORA_BUILD_CLI)
     PASS_REGULAR_EXPRESSION "or chain: shrink -> expand pairs.*--layers INT" LABELS cpu)
   set_tests_properties(lora_cli_bench_unknown_shape_exits_2 lora_cli_bench_bad_kernel_exits_2
     lora_cli_bench_mixed_ranks_value_exits_2 lora_cli_bench_layers_zero_exits_2
-    lora_cli_bench_bad_op_exits_2 PROPERTIES LABELS cpu)
+    lora_cli_bench_bad_op_exits_2 lora_cli_bench_chain_with_layers_exits_2 PROPERTIES LABELS cpu)
 endif()

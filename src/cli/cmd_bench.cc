@@ -56,6 +56,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->callback([=, &exit_code] {
     molora::Status st;
     if (!shape->empty()) {
+      if (*op == "chain" && *layers > 0) {  // (the eager layer cycle times one op)
+        std::cerr << "molora bench lora: --layers times one op; it does not take --op chain\n";
+        exit_code = 2;
+        return;
+      }
       molora::lora::bench::Case c;
       c.op = *op == "expand" ? molora::lora::Op::kExpand : molora::lora::Op::kShrink;
       c.chain = *op == "chain";
