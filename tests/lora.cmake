@@ -6,41 +6,26 @@ endif()
 # `molora bench lora` one-shape mode: an unknown seed shape or a bad option is a usage error (2),
 # checked before any GPU work.
 if(MOLORA_BUILD_CLI)
-  add_test(NAME lora_cli_bench_unknown_shape_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=bench;lora;--shape;N1_r1"
-            -DEXPECT=2 -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME lora_cli_bench_bad_kernel_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--kernel;fast" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  molora_add_exit_test(lora_cli_bench_unknown_shape_exits_2 2 bench lora --shape N1_r1)
+  molora_add_exit_test(lora_cli_bench_bad_kernel_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --kernel fast)
   # The mixed-rank option is offered (every second slot at r_max / 2: the stream expand's
   # per-lane copy path) and takes no value.
   add_test(NAME lora_cli_bench_help_lists_mixed_ranks
     COMMAND $<TARGET_FILE:molora_cli> bench lora --help)
   set_tests_properties(lora_cli_bench_help_lists_mixed_ranks PROPERTIES
     PASS_REGULAR_EXPRESSION "--mixed-ranks +Every second slot at rank r_max / 2" LABELS cpu)
-  add_test(NAME lora_cli_bench_mixed_ranks_value_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--mixed-ranks=maybe" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  molora_add_exit_test(lora_cli_bench_mixed_ranks_value_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --mixed-ranks=maybe)
   # --layers takes 1..4096 weight pointers; --op takes expand, shrink or chain.
-  add_test(NAME lora_cli_bench_layers_zero_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--layers;0" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME lora_cli_bench_chain_with_layers_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--op;chain;--layers;4" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME lora_cli_bench_bad_op_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=bench;lora;--shape;N6144_r32_V160x8;--op;fused" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
+  molora_add_exit_test(lora_cli_bench_layers_zero_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --layers 0)
+  molora_add_exit_test(lora_cli_bench_chain_with_layers_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --op chain --layers 4)
+  molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --op fused)
   add_test(NAME lora_cli_bench_help_lists_chain_and_layers
     COMMAND $<TARGET_FILE:molora_cli> bench lora --help)
   set_tests_properties(lora_cli_bench_help_lists_chain_and_layers PROPERTIES
     PASS_REGULAR_EXPRESSION "or chain: shrink -> expand pairs.*--layers INT" LABELS cpu)
-  set_tests_properties(lora_cli_bench_unknown_shape_exits_2 lora_cli_bench_bad_kernel_exits_2
-    lora_cli_bench_mixed_ranks_value_exits_2 lora_cli_bench_layers_zero_exits_2
-    lora_cli_bench_bad_op_exits_2 lora_cli_bench_chain_with_layers_exits_2 PROPERTIES LABELS cpu)
 endif()

@@ -12,20 +12,10 @@ if(MOLORA_BUILD_CLI)
     add_test(NAME prof_cli_steps_real COMMAND molora_cli prof steps ${_trace})
     set_tests_properties(prof_cli_summary_real prof_cli_steps_real PROPERTIES LABELS cpu)
   endif()
-  add_test(NAME prof_cli_missing_file_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=prof;summary;/no/such/trace.json"
-            -DEXPECT=2 -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME prof_cli_no_subcommand_exits_2
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli> "-DARGS=prof" -DEXPECT=2
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME prof_cli_malformed_exits_3
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=prof;summary;${CMAKE_CURRENT_SOURCE_DIR}/data/prof_malformed.json" -DEXPECT=3
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  add_test(NAME prof_cli_truncated_exits_3
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:molora_cli>
-            "-DARGS=prof;summary;${CMAKE_CURRENT_SOURCE_DIR}/data/prof_truncated.json" -DEXPECT=3
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/expect_exit.cmake)
-  set_tests_properties(prof_cli_missing_file_exits_2 prof_cli_no_subcommand_exits_2
-    prof_cli_malformed_exits_3 prof_cli_truncated_exits_3 PROPERTIES LABELS cpu)
+  molora_add_exit_test(prof_cli_missing_file_exits_2 2 prof summary /no/such/trace.json)
+  molora_add_exit_test(prof_cli_no_subcommand_exits_2 2 prof)
+  molora_add_exit_test(prof_cli_malformed_exits_3 3
+    prof summary ${CMAKE_CURRENT_SOURCE_DIR}/data/prof_malformed.json)
+  molora_add_exit_test(prof_cli_truncated_exits_3 3
+    prof summary ${CMAKE_CURRENT_SOURCE_DIR}/data/prof_truncated.json)
 endif()
