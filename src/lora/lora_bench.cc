@@ -382,14 +382,14 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   }
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto call_op = [&](int i, const void* wp) {  // the case's op at routing i, weights wp
+    return c.op == Op::kShrink ? shrink(pb, &run_plan, in.p, wp, d_ranks, rts[i], o.p, s)
+                               : expand(pb, &run_plan, in.p, wp, d_ranks, d_scales, rts[i], o.p, s);
+  };
   auto call = [&](int i) -> Status {
-    if (c.chain) {
-      MOLORA_RETURN_IF_ERROR(shrink(pb, &run_plan, in.p, w_at(w, i), d_ranks, rts[i], o.p, s));
-      return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i], y.p, s);
-    }
-    return c.op == Op::kShrink
-               ? shrink(pb, &run_plan, in.p, w_at(w, i), d_ranks, rts[i], o.p, s)
-               : expand(pb, &run_plan, in.p, w_at(w, i), d_ranks, d_scales, rts[i], o.p, s);
+    MOLORA_RETURN_IF_ERROR(call_op(i, w_at(w, i)));
+    if (!c.chain) return Status::Ok();
+    return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i], y.p, s);
   };
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -397,10 +397,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   Status st = time_graph_us(s, call, &r.us);
   if (st.ok() && c.layers > 0) {
     auto call_layer = [&](int i, int l) {  // routing i of kRot, layer l
-      const void* wl = static_cast<const char*>(w.p) + kLayerStep * size_t(l);
-      return c.op == Op::kShrink
-                 ? shrink(pb, &run_plan, in.p, wl, d_ranks, rts[i], o.p, s)
-                 : expand(pb, &run_plan, in.p, wl, d_ranks, d_scales, rts[i], o.p, s);
+      return call_op(i, static_cast<const char*>(w.p) + kLayerStep * size_t(l));
     };
     st = time_layers_host(c.layers, s, call_layer, w.p, &r);
   }
