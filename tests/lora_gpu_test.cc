@@ -203,6 +203,26 @@ TEST(LoraGpu, StreamKernelEdges) {
     }
 }
 
+// The stream kernels with the fewest warps (MOLORA_LORA_STREAM_CONSUMERS=1: shrink 32 threads,
+// expand 64): more slots than threads in a shrink CTA, so the shared-memory rank cache is
+// filled past the one slot per thread loaded up front (SlotCache), and exactly one slot per
+// thread in an expand CTA.
+TEST(LoraGpu, StreamKernelFewestWarps) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", std::nullopt); }
+  } reset;
+  molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "1");
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (int S : {40, 64}) {
+      Case c;
+      c.op = op, c.routing = RoutingKind::kAligned, c.slots = SlotMode::kDistinct;
+      c.T = 48, c.k = 2, c.S = S, c.E = 4, c.r_max = 32, c.dim = 1032, c.block = 8;
+      check_case(c, rng);
+    }
+}
+
 // An eager engine alternates layers: each call of an op sees other weights. The stream kernels'
 // tensor maps (a copy of the weight pointer and shape, made on the host) come from a cache of
 // many keys, so each layer must still read its own weights: layers of the same shape and routing

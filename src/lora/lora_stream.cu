@@ -317,6 +317,35 @@ __device__ __forceinline__ void for_valid_tasks(TaskIter<OP> it, F&& f) {
   while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
 }
 
+// The ranks (and scales) of slots < kSlots, cached in shared memory by the stream kernels. The
+// first blockDim.x of them are loaded by the constructor into registers (one per thread), so
+// that their global loads are issued before the task walk's (instructions issue in order: a
+// load placed after the first use of num_tokens_post_pad would wait for that round trip first,
+// one L2 latency more before the first copy); store() writes them, and loads any slot past
+// blockDim.x, once the CTA's task count is known.
+struct SlotCache {
+  int rank = 0;
+  float scale = 0.f;
+  __device__ SlotCache(const KernelArgs& a, bool with_scale) {
+    if (a.S <= kSlots && static_cast<int>(threadIdx.x) < a.S) {
+      rank = __ldg(a.ranks + threadIdx.x);
+      if (with_scale && a.scales != nullptr) scale = __ldg(a.scales + threadIdx.x);
+    }
+  }
+  __device__ void store(const KernelArgs& a, int* s_rank, float* s_scale) const {
+    if (a.S > kSlots) return;
+    const int s0 = static_cast<int>(threadIdx.x);
+    if (s0 < a.S) {
+      s_rank[s0] = min(max(rank, 0), a.r_max);
+      if (s_scale != nullptr) s_scale[s0] = scale;
+    }
+    for (int s = s0 + static_cast<int>(blockDim.x); s < a.S; s += blockDim.x) {
+      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+      if (s_scale != nullptr) s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
+    }
+  }
+};
+
 // The tasks this CTA takes grid-stride: (group, chunk) items of the used blocks of the align
 // output (num_tokens_post_pad, clamped to sorted_len).
 __device__ __forceinline__ int cta_tasks(const KernelArgs& a) {
@@ -676,13 +705,14 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  // The slots' ranks load first, so that they are in flight beside the first expert ids and
+  // num_tokens_post_pad (SlotCache).
+  const SlotCache slots(a, false);
   // (three walks below start from copies of it; its first expert ids load beside
   // num_tokens_post_pad)
   const TaskIter<Op::kShrink> walk(x);
   x.my_tasks = cta_tasks(a);
-  if (a.S <= kSlots)
-    for (int s = threadIdx.x; s < a.S; s += blockDim.x)
-      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+  slots.store(a, s_rank, nullptr);
   __syncthreads();
   // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
@@ -724,6 +754,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   Task it_t;
   int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
   if (it_left > 0) seek(iss, it_t, ti0);
+  // The first task's pair ids load now, ahead of the first copies: issued after them, behind
+  // every warp's copies in the memory system, their wait was a third of the kernel's stall
+  // samples at T=8 (ncu, bench/NOTES.md "lora v0.11"), and the x loads wait for them.
+  int p = it_left > 0 ? block_entry(a, it_t.g) : -1;
   int it_q = q0;
   int iss_s = 0;  // the stage of the next piece to issue
   auto issue_next = [&]() {
@@ -772,8 +806,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   TaskIter<Op::kShrink> cmp(walk);
   Task cur, nxt;
   int64_t u = u0;
-  if (u < u1) seek(cmp, cur, ti0);
-  int p = u < u1 ? block_entry(a, cur.g) : -1;
+  if (u < u1) seek(cmp, cur, ti0);  // (cur is it_t's task: p holds its pair ids)
   int64_t ti_next = ti0;
   int q_next = q0;
   while (u < u1) {
@@ -951,13 +984,10 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
-  TaskIter<Op::kExpand> it(x);  // (its first expert ids load beside num_tokens_post_pad)
+  const SlotCache slots(a, true);  // (ranks and scales in flight beside the loads below)
+  TaskIter<Op::kExpand> it(x);     // (its first expert ids load beside num_tokens_post_pad)
   x.my_tasks = cta_tasks(a);
-  if (a.S <= kSlots)
-    for (int s = threadIdx.x; s < a.S; s += blockDim.x) {
-      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
-      s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
-    }
+  slots.store(a, s_rank, s_scale);
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Same-machine A/B of library builds (device run, carry ["build-ab"]): machines differ by up to
+# ~6% on one build (bench/NOTES.md "lora v0.10"), so variants are only compared within one call.
+# Here: build each variant's libmolora.so and copy it to build-ab/<name>/libmolora.so.0, the CLI
+# to build-ab/molora and build-gpu/deplib/* to build-ab/deplib (tools/probe/ab.sh --stage NAME
+# does the copies after a `tools/gpu-check prepare`). On the device: for each round, each case
+# runs every variant in turn (interleaved), printing "<variant> <bench line>".
+# Usage: tools/probe/ab.sh [--stage NAME] | [ROUNDS] (default 2; cases in AB_CASES, one per line:
+#   "<op> <shape> <T-list> [more bench flags]")
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = --stage ]; then
+  set -e
+  mkdir -p "build-ab/$2" build-ab/deplib
+  cp -L build-gpu/src/libmolora.so.0 "build-ab/$2/"
+  cp build-gpu/src/cli/molora build-ab/
+  cp build-gpu/deplib/* build-ab/deplib/ 2>/dev/null || true
+  du -sh build-ab
+  exit 0
+fi
+ROUNDS=${1:-2}
+CASES=${AB_CASES:-"shrink N6144_r32_V160x8 1,8,32,64
+expand N6144_r32_V160x8 1,8,32,64"}
+VARIANTS=$(cd build-ab && ls -d */ | tr -d / | grep -v '^deplib$')
+for r in $(seq "$ROUNDS"); do
+  while read -r op shape Ts rest; do
+    [ -n "$op" ] || continue
+    for v in $VARIANTS; do
+      # shellcheck disable=SC2086
+      LD_LIBRARY_PATH=$PWD/build-ab/$v:$PWD/build-ab/deplib build-ab/molora bench lora \
+        --shape "$shape" --routing aligned --op "$op" --T "$Ts" $rest 2>&1 | grep "us, floor" |
+        sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
+        sed "s/^/r$r $v /"
+    done
+  done <<< "$CASES"
+done
