@@ -281,7 +281,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 }
 
 // The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
-// pipeline stages; the planner takes it for every expand and for shrink with P >= 64, grid
+// pipeline stages; the planner takes it for every expand and for shrink with P >= 16, grid
 // elsewhere; asking for it where it does not apply, or for knobs it does not have, is an error.
 // Programmatic dependent launch: by default on the stream kernels and grid expand (where it
 // measured faster), never on grid shrink; MOLORA_LORA_PDL=1 / 0 force it; other values are an
@@ -408,19 +408,20 @@ TEST(LoraPlan, StreamKernelChoice) {
   pb.op = Op::kShrink;
   pb.K = 6144;
   pb.N = 0;
-  {  // the planner's choice for shrink: stream from P = 64 pairs
+  {  // the planner's choice for shrink: stream from P = 16 pairs
     PlanOptions d = o;
     d.kernel.clear();
     ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
     EXPECT_EQ(pl.kernel, "stream");
     Problem q = pb;
-    q.num_tokens = 8;  // P = 64, K = 6144
+    q.num_tokens = 2;  // P = 16, K = 6144
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "stream");
-    q.num_tokens = 7;  // P = 56
+    q.top_k = 5, q.num_tokens = 3;  // P = 15
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
-    q.K = 2048, q.num_tokens = 8;  // P = 64 at any K
+    q.top_k = pb.top_k;
+    q.K = 2048, q.num_tokens = 2;  // P = 16 at any K
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "stream");
     q.num_tokens = 1;  // P = 8

@@ -148,11 +148,13 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // planner takes it where it measured faster than the grid kernel on the H200: expand always
   // (bench/NOTES.md "lora v0.8": with its tiles computed side by side it is faster at every
   // seed shape and T, e.g. T=1 N=6144 4.37 vs 4.88 us, N=2048 r=16 T=32 6.5 vs 12.9 us), shrink
-  // from P >= 64 pairs ("lora v0.8", T=8: K=6144 12.2 vs 13.9 us, K=7168 13.0 vs 14.6, K=4096
-  // 9.7 vs 10.2, K=2048 5.45 vs 5.54; T=1 stays on the grid kernel: K=4096 6.1 vs 5.1 us).
+  // from P >= 16 pairs ("lora v0.11", since the stream shrink loads a warp's first pair ids
+  // ahead of its copies: T=2 k=8 K=6144 6.82 vs 6.89 us, K=7168 7.21 vs 8.77, K=4096 5.59 vs
+  // 6.05, K=2048 4.43 vs 4.46; T=4 6-18% faster; T=1, P=8, stays on the grid kernel: K=4096
+  // 5.23 vs 4.93 us, K=6144 6.28 vs 5.17, K=7168 6.63 vs 5.29, only K=2048 4.39 vs 4.60).
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  const int64_t stream_from = pb.op == Op::kShrink ? 64 : 0;
+  const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
   if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
