@@ -754,9 +754,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   Task it_t;
   int it_left = static_cast<int>(u1 - u0);  // < 2^31: a CTA's tasks x 32 pieces
   if (it_left > 0) seek(iss, it_t, ti0);
-  // The first task's pair ids load now, ahead of the first copies: issued after them, behind
-  // every warp's copies in the memory system, their wait was a third of the kernel's stall
-  // samples at T=8 (ncu, bench/NOTES.md "lora v0.11"), and the x loads wait for them.
+  // The first task's pair ids load now, ahead of the first copies (the x loads wait for them).
+  // Issued after the copies, behind every warp's weights in the memory system, their wait was
+  // a third of the stall samples at T=8 (ncu), and loading them here made T=8 6.6% faster
+  // (bench/NOTES.md "lora v0.11").
   int p = it_left > 0 ? block_entry(a, it_t.g) : -1;
   int it_q = q0;
   int iss_s = 0;  // the stage of the next piece to issue
