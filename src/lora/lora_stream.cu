@@ -674,7 +674,10 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
 // columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte vector
 // (vec / 32) * 256 + g * 32 + vec % 32. Batch 0's x vectors are loaded from global memory before
 // the wait for the piece; members past 8 read x inline, 8 members per batch.
-template <typename T>
+// KFULL: K is a multiple of the piece (kStreamShrinkKc), so no piece ends past K and the loads
+// and steps of a piece carry no bounds test (a compare and a select per 16-byte vector, ~80 of a
+// piece's ~300 instructions).
+template <typename T, bool KFULL>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
@@ -841,7 +844,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
       for (int j = 0; j < kSup; ++j) {
         const int vec = 4 * j + cq;
-        xv[j] = (math && xrow0 >= 0 && vec < nvec)
+        xv[j] = (math && xrow0 >= 0 && (KFULL || vec < nvec))
                     ? __ldg(reinterpret_cast<const uint4*>(X + xrow0 + k0) + vec)
                     : zero;
       }
@@ -852,7 +855,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
         for (int j = 0; j < kSup; ++j) {
           const int vec = 4 * j + cq;
-          const uint4 wv = vec < nvec ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+          const uint4 wv =
+              (KFULL || vec < nvec) ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
           // m16n8k8 with A = the weights (word pairs as loaded: row g takes word 0 / 2, row
           // g + 8 word 1 / 3) and B = one word of x: each step's rows g (words 0, 2) or g + 8
           // (words 1, 3) pair the same k, the other half is discarded. No register of x or of
@@ -879,7 +883,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
               for (int u = 0; u < kSup / 2; ++u) {
                 const int vec = 4 * (h + u) + cq;
-                xb[u] = (vec < nvec && xrow >= 0)
+                xb[u] = ((KFULL || vec < nvec) && xrow >= 0)
                             ? __ldg(reinterpret_cast<const uint4*>(X + xrow + k0) + vec)
                             : zero;
               }
@@ -887,7 +891,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
               for (int u = 0; u < kSup / 2; ++u) {
                 const int vec = 4 * (h + u) + cq;
-                const uint4 wv = vec < nvec ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+                const uint4 wv =
+                    (KFULL || vec < nvec) ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
                 mma16816<T>(d[u & 1], xb[u].x, 0u, xb[u].y, 0u, wv.x, wv.y);
                 mma16816<T>(d[u & 1], xb[u].z, 0u, xb[u].w, 0u, wv.z, wv.w);
               }
@@ -1155,9 +1160,9 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
   return true;
 }
 
-template <typename T>
+template <typename T, bool KFULL>
 Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_shrink<T>;
+  constexpr auto kern = molora_lora_shrink<T, KFULL>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
   const size_t smem = stream_layout(Op::kShrink, plan.stages, warps).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
@@ -1177,7 +1182,8 @@ Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
 template <Op OP, typename T>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if constexpr (OP == Op::kShrink) {
-    return launch_shrink<T>(a, plan, stream);
+    return a.dim % kStreamShrinkKc == 0 ? launch_shrink<T, true>(a, plan, stream)
+                                        : launch_shrink<T, false>(a, plan, stream);
   } else {
     static_assert(ExpandTiles<8>::kRows == 512 && ExpandTiles<16>::kRows == 512 &&
                       ExpandTiles<128>::kRows == 64,
