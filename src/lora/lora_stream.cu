@@ -558,7 +558,9 @@ struct ExpandTiles {
   static constexpr int SUP = K16 ? 1 : RM / 32;     // supersteps (32 k) of a row
   static constexpr int G = NT >= 64 ? 8 : 8 / SUP;  // tiles computed together
 };
-template <typename T, int RM>
+// FULL: every task of the launch has all NT tiles (tile = the stage's rows, N a multiple of
+// it), so no tile is tested against the task's end.
+template <typename T, int RM, bool FULL = false>
 __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, int* ids) {
   using E = ExpandTiles<RM>;
   constexpr int NT = E::NT, SUP = E::SUP, G = E::G;
@@ -566,7 +568,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   const int64_t N = a.dim, n0 = static_cast<int64_t>(c) * a.tile;
   const int rows = static_cast<int>(min(static_cast<int64_t>(a.tile), N - n0));
-  const int ntn = rows / 8;
+  const int ntn = FULL ? NT : rows / 8;
   const float scale = scale_of(x, static_cast<int>(a.fd_E.div(static_cast<uint32_t>(v))));
   const T* tin = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
@@ -609,14 +611,14 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
         reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(id >= 0 ? id : 0) * N + n0 + 2 * cq);
     uint32_t yo[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && nt < ntn) ? yp[nt * 4] : 0u;
+    for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && (FULL || nt < ntn)) ? yp[nt * 4] : 0u;
     if (bt == 0) wait_filled(x.issued, x.full + s, pos, a.fd_stages);
     if (mc <= 0) break;
       // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
       // its y stores (a load after a store may not be moved above it: they could alias).
 #pragma unroll
     for (int nt0 = 0; nt0 < NT; nt0 += G) {
-      if (nt0 >= ntn) break;  // (warp-uniform)
+      if (!FULL && nt0 >= ntn) break;  // (warp-uniform)
       float d[G][4];
       if constexpr (E::K16) {
         uint2 w[G];
@@ -653,7 +655,7 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
         const int nt = nt0 + u;
         const float2 o = Cvt<T>::two(yo[nt]);
         st_global_if(yp + nt * 4, pack2<T>(fmaf(scale, d[u][0], o.x), fmaf(scale, d[u][1], o.y)),
-                     id >= 0 && nt < ntn);
+                     id >= 0 && (FULL || nt < ntn));
       }
     }
   }
@@ -964,7 +966,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 
 // --- expand kernel ----------------------------------------------------------------------------
 // RM: r_max (see expand_task).
-template <typename T, int RM>
+// NFULL: the tile is the stage's rows and N a multiple of it (every seed shape): the consumer
+// of pitch RM runs expand_task's FULL form.
+template <typename T, int RM, bool NFULL>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
     molora_lora_expand(KernelArgs a, int stages, const __grid_constant__ ExpandMaps maps) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
@@ -1025,9 +1029,9 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
       else if (RM >= 128 && pitch == 64)
         expand_task<T, (RM >= 128 ? 64 : RM)>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
       else
-        expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+        expand_task<T, RM, NFULL>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
     } else {
-      expand_task<T, RM>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
+      expand_task<T, RM, NFULL>(x, cur.vi, cur.c, cur.v, cur.r, p, ids);
     }
     cur = nxt, p = pn, have = have_n;
   }
@@ -1119,9 +1123,9 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
              .maps;
 }
 
-template <typename T, int RM>
+template <typename T, int RM, bool NFULL>
 Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_expand<T, RM>;
+  constexpr auto kern = molora_lora_expand<T, RM, NFULL>;
   const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
   const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
@@ -1188,17 +1192,23 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
     static_assert(ExpandTiles<8>::kRows == 512 && ExpandTiles<16>::kRows == 512 &&
                       ExpandTiles<128>::kRows == 64,
                   "expand tiles: 512 rows up to r_max 16, one 16 KiB stage above");
+    const bool full = a.tile == stream_expand_tile(a.r_max) && a.dim % a.tile == 0;
     switch (a.r_max) {  // 8, 16, 32, 64 or 128 (checked by the validation)
       case 8:
-        return launch_expand<T, 8>(a, plan, stream);
+        return full ? launch_expand<T, 8, true>(a, plan, stream)
+                    : launch_expand<T, 8, false>(a, plan, stream);
       case 16:
-        return launch_expand<T, 16>(a, plan, stream);
+        return full ? launch_expand<T, 16, true>(a, plan, stream)
+                    : launch_expand<T, 16, false>(a, plan, stream);
       case 32:
-        return launch_expand<T, 32>(a, plan, stream);
+        return full ? launch_expand<T, 32, true>(a, plan, stream)
+                    : launch_expand<T, 32, false>(a, plan, stream);
       case 64:
-        return launch_expand<T, 64>(a, plan, stream);
+        return full ? launch_expand<T, 64, true>(a, plan, stream)
+                    : launch_expand<T, 64, false>(a, plan, stream);
       default:
-        return launch_expand<T, 128>(a, plan, stream);
+        return full ? launch_expand<T, 128, true>(a, plan, stream)
+                    : launch_expand<T, 128, false>(a, plan, stream);
     }
   }
 }
