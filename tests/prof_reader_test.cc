@@ -275,21 +275,33 @@ TEST(ProfReader, HugeEventLargerThanAPiece) {
 }
 
 // Malformed input is an error whatever the piece size and thread count: the scanner and the piece
-// parser must agree (the fuzzer found a backslash outside any string that tiny pieces reported as
-// truncation and one piece as a stray '}').
+// parser must agree. The fuzzer found a backslash outside any string that tiny pieces reported as
+// truncation and one piece as a stray '}', and a doubled comma between events that tiny pieces
+// accepted (a piece boundary dropped both commas) and one piece rejected; a missing or leading
+// comma is the same case.
 TEST(ProfReader, MalformedVerdictDoesNotDependOnPieces) {
   std::vector<std::string> cases = {
       "[{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"ts\": 1, \"dur\": 2}, \\ {}]",
       "{\"traceEvents\": [{\"ph\": \"X\"\\, \"ts\": 1}]}",
       "{\"traceEvents\": [{\"name\": \"a\\\\\"}, {\"name\": \"b\\\"}]}",
   };
-  std::FILE* f = std::fopen(MOLORA_TEST_DATA "/prof_fuzz_split_divergence.bin", "rb");
-  ASSERT_NE(f, nullptr);
-  std::string fz;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) fz.append(buf, n);
-  std::fclose(f);
-  cases.push_back(fz.substr(1));  // first byte: the fuzzer's option byte
+  std::string ev = "{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"ts\": 1, \"dur\": 2}";
+  std::string many;
+  for (int i = 0; i < 40; ++i) many += (i ? ", " : "") + ev;
+  for (const char* sep : {",,", "", ", ,"}) {  // doubled, missing, doubled with a blank
+    cases.push_back("{\"traceEvents\": [" + many + sep + many + "]}");
+    cases.push_back("{\"traceEvents\": [" + ev + sep + ev + "]}");
+  }
+  cases.push_back("{\"traceEvents\": [, " + many + "]}");  // a leading comma
+  for (const char* name : {"/prof_fuzz_split_divergence.bin", "/prof_fuzz_double_comma.bin"}) {
+    std::FILE* f = std::fopen((std::string(MOLORA_TEST_DATA) + name).c_str(), "rb");
+    ASSERT_NE(f, nullptr) << name;
+    std::string fz;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) fz.append(buf, n);
+    std::fclose(f);
+    cases.push_back(fz.substr(1));  // first byte: the fuzzer's option byte
+  }
   for (const std::string& c : cases) {
     mp::Trace t0;
     molora::Status s0 = read(c, &t0, 4u << 20, 1);

@@ -98,8 +98,13 @@ struct Scanner {
   bool in_events = false, events_seen = false, top_done = false;
   size_t events_depth = 0;
   bool piece_has_event = false;  // an event started since the current piece began
-  std::string key, last_key;     // strings at depth 1 (the top object's keys)
-  std::string outside;           // bytes outside the events array (first 1 MB)
+  // At the events array's level, what came last: 0 its '[', 1 an event, 2 a comma. The
+  // commas are checked here, on the whole input, not by the piece parser: a piece boundary
+  // drops the commas before a piece's first event, so ",," or "}{" would otherwise be an error
+  // or not depending on where the pieces fall (found by tests/extra/prof_fuzz.sh).
+  int ev_prev = 0;
+  std::string key, last_key;  // strings at depth 1 (the top object's keys)
+  std::string outside;        // bytes outside the events array (first 1 MB)
 };
 
 // Index of the first byte of p[0, n) that is one of the `k` bytes in `set` (k <= 5), or n.
@@ -305,6 +310,7 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
             sc.stack.pop_back();
             if (sc.stack.size() == sc.events_depth) {  // the event is complete
               last_boundary = i + 1;
+              sc.ev_prev = 1;
               pos = i + 1;
               left = true;
               break;
@@ -391,6 +397,10 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
               status = scan_error(buf_base + pos - 1, "trace event is not an object");
               break;
             }
+            if (sc.ev_prev == 1) {
+              status = scan_error(buf_base + pos - 1, "missing ',' between trace events");
+              break;
+            }
             if (piece_begin == 0) piece_begin = pos;
             sc.piece_has_event = true;
           }
@@ -399,6 +409,7 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
               ((sc.stack.size() == 1) || (sc.stack.size() == 2 && sc.last_key == "traceEvents"))) {
             sc.in_events = sc.events_seen = true;
             sc.events_depth = sc.stack.size();
+            sc.ev_prev = 0;
             if (outside_from < pos && sc.outside.size() < (1u << 20))
               sc.outside.append(b + outside_from, pos - outside_from);
             outside_from = len;
@@ -417,6 +428,7 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
           if (sc.in_events) {
             if (c == '}' && sc.stack.size() == sc.events_depth) {
               last_boundary = pos + 1;
+              sc.ev_prev = 1;
             } else if (c == ']' && sc.stack.size() + 1 == sc.events_depth) {
               sc.in_events = false;  // the array is complete
               if (last_boundary > piece_begin && piece_begin > 0) emit(last_boundary);
@@ -427,9 +439,15 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
           if (sc.stack.empty()) sc.top_done = true;
           break;
         case ',':
-          // A comma before this piece's first event (carried from the previous buffer).
-          if (sc.in_events && sc.stack.size() == sc.events_depth && !sc.piece_has_event)
-            b[pos] = ' ';
+          if (sc.in_events && sc.stack.size() == sc.events_depth) {
+            if (sc.ev_prev != 1) {
+              status = scan_error(buf_base + pos - 1, "unexpected ',' in traceEvents");
+              break;
+            }
+            sc.ev_prev = 2;
+            // A comma before this piece's first event (carried from the previous buffer).
+            if (!sc.piece_has_event) b[pos] = ' ';
+          }
           break;
         case '\\':
           status = scan_error(buf_base + pos - 1, "backslash outside a string");
@@ -473,6 +491,7 @@ Status read_input(detail::Input& in, const std::string& label, const ReadOptions
         // the events array, outside strings) to find its first event and blank its comma.
         sc.stack.resize(sc.events_depth);
         sc.in_string = sc.escape = false;
+        sc.ev_prev = 1;  // (the boundary follows an event)
         pos = 1;
       } else if (sc.in_events) {  // one event larger than the buffer: grow it
         buf->resize(buf->size() * 2);
