@@ -11,10 +11,8 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --kernel fast)
   # The mixed-rank option is offered (every second slot at r_max / 2: the stream expand's
   # per-lane copy path) and takes no value.
-  add_test(NAME lora_cli_bench_help_lists_mixed_ranks
-    COMMAND $<TARGET_FILE:molora_cli> bench lora --help)
-  set_tests_properties(lora_cli_bench_help_lists_mixed_ranks PROPERTIES
-    PASS_REGULAR_EXPRESSION "--mixed-ranks +Every second slot at rank r_max / 2" LABELS cpu)
+  molora_add_output_test(lora_cli_bench_help_lists_mixed_ranks
+    "--mixed-ranks +Every second slot at rank r_max / 2" bench lora --help)
   molora_add_exit_test(lora_cli_bench_mixed_ranks_value_exits_2 2
     bench lora --shape N6144_r32_V160x8 --mixed-ranks=maybe)
   # --layers takes 1..4096 weight pointers; --op takes expand, shrink or chain.
@@ -24,8 +22,6 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --op chain --layers 4)
   molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op fused)
-  add_test(NAME lora_cli_bench_help_lists_chain_and_layers
-    COMMAND $<TARGET_FILE:molora_cli> bench lora --help)
-  set_tests_properties(lora_cli_bench_help_lists_chain_and_layers PROPERTIES
-    PASS_REGULAR_EXPRESSION "or chain: shrink -> expand pairs.*--layers INT" LABELS cpu)
+  molora_add_output_test(lora_cli_bench_help_lists_chain_and_layers
+    "or chain: shrink -> expand pairs.*--layers INT" bench lora --help)
 endif()
