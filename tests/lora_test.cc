@@ -632,6 +632,87 @@ TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {
   }
 }
 
+// `molora bench lora --timeline`: the summary of the stream kernels' timeline records. Three
+// calls of 4 CTAs laid out alike relative to the previous call's last CTA end (CTA 3 has no
+// task: no copy words), so every median is the one call's statistic.
+TEST(LoraBench, TimelineSummaryFromRecords) {
+  namespace b = molora::lora::bench;
+  constexpr int W = detail::kTraceWords, calls = 3, grid = 4;
+  std::vector<unsigned long long> w(size_t(calls) * grid * W);
+  const int tasks[grid] = {5, 6, 6, 0};
+  for (int i = 0; i < calls; ++i) {
+    const unsigned long long base = 1000000 + 10000ull * i, prev = base - 4700;
+    for (int c = 0; c < grid; ++c) {
+      unsigned long long* r = &w[(size_t(i) * grid + c) * W];
+      r[0] = prev + 200 + 32 * c;
+      r[1] = prev + 1000 + 10 * c;
+      r[2] = prev + 1500;
+      r[3] = c < 3 ? prev + 2000 + 100 * c : 0;
+      r[4] = c < 3 ? prev + 3000 + 100 * c : 0;
+      r[5] = prev + 4000;
+      r[6] = base + 5000 + 100 * c;  // the last CTA: base + 5300 = the next call's prev
+      r[7] = tasks[c];
+      for (int e = 0; e < 7; ++e)  // a 2 GHz clock, started at 1e6 at the CTA's start
+        r[8 + e] = r[e] != 0 ? 1000000 + 2 * (r[e] - r[0]) : 0;
+    }
+  }
+  b::Timeline t;
+  ASSERT_TRUE(b::summarize_timeline(w, calls, grid, &t).ok());
+  EXPECT_EQ(t.calls, 2);
+  EXPECT_EQ(t.grid, 4);
+  EXPECT_NEAR(t.start_min, 0.2, 1e-9);
+  EXPECT_NEAR(t.start_med, 0.248, 1e-9);
+  EXPECT_NEAR(t.wait_med, 1.015, 1e-9);
+  EXPECT_NEAR(t.wait_max, 1.03, 1e-9);
+  EXPECT_NEAR(t.known_med, 1.5, 1e-9);
+  EXPECT_NEAR(t.issue_med, 2.1, 1e-9);
+  EXPECT_NEAR(t.issue_max, 2.2, 1e-9);
+  EXPECT_NEAR(t.land_med, 3.1, 1e-9);
+  EXPECT_NEAR(t.land_max, 3.2, 1e-9);
+  EXPECT_NEAR(t.first_done_med, 4.0, 1e-9);
+  EXPECT_NEAR(t.end_min, 9.7, 1e-9);
+  EXPECT_NEAR(t.end_med, 9.85, 1e-9);
+  EXPECT_NEAR(t.end_max, 10.0, 1e-9);
+  EXPECT_NEAR(t.tasks_mean, 4.25, 1e-9);
+  EXPECT_EQ(t.tasks_max, 6);
+  EXPECT_NEAR(t.busiest_end, 9.8, 1e-9);  // CTA 1: the first with 6 tasks
+  EXPECT_EQ(t.timer_step_ns, 32);
+  // By the CTAs' clocks: (event - start) in ns, averaged over the CTAs that have the event.
+  EXPECT_NEAR(t.clock_ghz, 2.0, 1e-9);
+  EXPECT_NEAR(t.c_wait, 0.767, 1e-9);        // 800 - 22c
+  EXPECT_NEAR(t.c_issue, 1.868, 1e-9);       // 1800 + 68c, c < 3
+  EXPECT_NEAR(t.c_end, 9.602, 1e-9);         // 9500 + 68c
+  EXPECT_NEAR(t.c_first_done, 3.752, 1e-9);  // 3800 - 32c
+  const std::string f = b::format_timeline(t);
+  EXPECT_NE(f.find("median of 2 calls, 4 CTAs"), std::string::npos) << f;
+  EXPECT_NE(f.find("max  10.00 (the call)"), std::string::npos) << f;
+  EXPECT_EQ(f.find("no clock estimate"), std::string::npos) << f;
+  EXPECT_NE(b::format_timeline(b::Timeline{}).find("none"), std::string::npos);
+  {  // CTAs that all ran under 2 us: no clock estimate, and the line says so
+    std::vector<unsigned long long> shortw = w;
+    for (size_t k = 0; k < shortw.size(); k += W)
+      for (int e = 1; e < 7; ++e)
+        if (shortw[k + e] != 0) shortw[k + e] = shortw[k] + (shortw[k + e] - shortw[k]) / 8;
+    b::Timeline ts;
+    ASSERT_TRUE(b::summarize_timeline(shortw, calls, grid, &ts).ok());
+    EXPECT_EQ(ts.clock_ghz, 0.0);
+    EXPECT_NE(b::format_timeline(ts).find("no clock estimate"), std::string::npos);
+  }
+
+  // Bad records: refused, the output untouched.
+  const b::Timeline before = t;
+  EXPECT_FALSE(b::summarize_timeline(w, 1, grid, &t).ok());
+  EXPECT_FALSE(b::summarize_timeline(w, calls, grid + 1, &t).ok());
+  EXPECT_FALSE(b::summarize_timeline(w, calls, 0, &t).ok());
+  std::vector<unsigned long long> hole = w;
+  hole[(size_t(2) * grid + 1) * W + 6] = 0;  // call 2, CTA 1: no warp done
+  const Status st = b::summarize_timeline(hole, calls, grid, &t);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("call 2 CTA 1"), std::string::npos) << st.message();
+  EXPECT_EQ(t.end_max, before.end_max);
+  EXPECT_EQ(t.calls, before.calls);
+}
+
 // The stream kernels' tensor-map memo (memo_cache.h): a hit returns what make() stored for that
 // exact key, make() runs once per key, every byte of the key counts, and the least recently used
 // key is the one evicted at capacity.

@@ -1,6 +1,7 @@
 // `molora bench lora [--tune] [--out FILE] [--quick] [--shape S --op O --T 1,64 --routing R
-// --kernel K --none F --mixed-ranks --layers L]`: the lora benchmark table, one shape, or the tuner
-// that writes configs/lora/<gpu>.json (read by the planner; MOLORA_LORA_CONFIG overrides).
+// --kernel K --none F --mixed-ranks --layers L --timeline]`: the lora benchmark table, one shape,
+// or the tuner that writes configs/lora/<gpu>.json (read by the planner; MOLORA_LORA_CONFIG
+// overrides).
 #include <iostream>
 #include <memory>
 #include <string>
@@ -51,13 +52,19 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                    "Also time eager host cost per call cycling over L layers' weights "
                    "(one-shape mode)")
       ->check(CLI::Range(1, 4096));
+  auto timeline = std::make_shared<bool>(false);
+  lora->add_flag("--timeline", *timeline,
+                 "Also run each call with the stream kernels' timeline probe and print where "
+                 "its time goes: CTA start, pdl_wait, first copy issued and landed, CTA ends "
+                 "(one op, one-shape mode)");
   lora->add_option("--none", *none, "Share of tokens without adapter (one-shape mode)")
       ->check(CLI::Range(0.0, 1.0));
   lora->callback([=, &exit_code] {
     molora::Status st;
     if (!shape->empty()) {
-      if (*op == "chain" && *layers > 0) {  // (the eager layer cycle times one op)
-        std::cerr << "molora bench lora: --layers times one op; it does not take --op chain\n";
+      if (*op == "chain" && (*layers > 0 || *timeline)) {  // (both time one op)
+        std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
+                  << " times one op; it does not take --op chain\n";
         exit_code = 2;
         return;
       }
@@ -71,6 +78,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.mixed_ranks = *mixed;
       c.layers = *layers;
       c.weight_copies = *copies;
+      c.timeline = *timeline;
       if (!molora::lora::bench::parse_shape(*shape, &c.shape)) {
         std::cerr << "molora bench lora: unknown --shape " << *shape << " (seed shapes:";
         for (const auto& sh : molora::lora::bench::seed_shapes()) std::cerr << " " << sh.name;
@@ -96,6 +104,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                     << r.host_us_warm << " us/call (" << r.encodes_warm
                     << " map encodes/call); one pointer check " << r.host_us_pointer_check
                     << " us, one empty launch " << r.host_us_empty_launch << " us\n";
+        if (st.ok() && c.timeline) std::cout << molora::lora::bench::format_timeline(r.timeline);
       }
     } else if (*tune) {
       std::string path = *out;

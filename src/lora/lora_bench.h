@@ -46,7 +46,41 @@ struct Case {
   // i % weight_copies): 1 lets a call find weights of the call before it in L2 (50 MiB on the
   // H200); an engine's decode step never does (every layer has its own).
   int weight_copies = 1;
+  // Also run the calls once more with the stream kernels' timeline probe on (one op, a stream
+  // plan): Result::timeline.
+  bool timeline = false;
 };
+
+// The stream kernels' timeline probe (detail::set_stream_trace): each call's phases from the
+// records of `calls` consecutive launches of `grid` CTAs (detail::kTraceWords words per CTA),
+// in us from the previous call's last CTA end, summarised over the calls after the first as the
+// median of each call's statistic. "end" is a CTA's last warp done; the call's own time is the
+// last CTA's end (end_max).
+struct Timeline {
+  int calls = 0, grid = 0;              // calls summarised (0: none), CTAs per call
+  double start_min = 0, start_med = 0;  // CTA start (negative: before the previous call ended)
+  double wait_med = 0, wait_max = 0;    // pdl_wait returned
+  double known_med = 0;                 // task count known
+  double issue_med = 0, issue_max = 0;  // first weight copy issued (CTAs with one)
+  double land_med = 0, land_max = 0;    // that copy landed
+  double first_done_med = 0;            // a CTA's first warp done
+  double end_min = 0, end_med = 0, end_max = 0;
+  double tasks_mean = 0;  // grid-stride tasks per CTA
+  int tasks_max = 0;
+  double busiest_end = 0;     // end of the CTA with the most tasks (the first such)
+  int64_t timer_step_ns = 0;  // smallest nonzero gap between two CTA starts (>= timer step)
+  // From each CTA's own clock (clock64, exact where %globaltimer steps by 256 ns): the SM clock
+  // (GHz, from CTAs that ran >= 2 us; 0: none did) and each event's mean time after the CTA's
+  // start, us (0 without a clock).
+  double clock_ghz = 0;
+  double c_wait = 0, c_known = 0, c_issue = 0, c_land = 0, c_first_done = 0, c_end = 0;
+  double probe_us = 0;  // time per call with the probe on (run_case)
+};
+// Fails (InvalidArgument) on a size mismatch, fewer than 2 calls or an unwritten record.
+Status summarize_timeline(const std::vector<unsigned long long>& words, int calls, int grid,
+                          Timeline* out);
+// Lines for the CLI.
+std::string format_timeline(const Timeline& t);
 
 struct Result {
   double us = 0;        // per call
@@ -64,6 +98,8 @@ struct Result {
   // Beside it, host us of one cudaPointerGetAttributes (a call checks each of its 7-8 pointers
   // with one, outside captures) and of one empty kernel launch.
   double host_us_pointer_check = 0, host_us_empty_launch = 0;
+  // With Case::timeline and a stream plan (else timeline.calls == 0).
+  Timeline timeline;
 };
 
 // Device-to-device copy bandwidth (read + write counted), GB/s.

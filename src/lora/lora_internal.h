@@ -70,6 +70,9 @@ struct KernelArgs {
   int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
   int dbg = 0;  // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
+  // Stream kernels' timeline probe (set_stream_trace; nullptr in normal use): kTraceWords words
+  // per CTA, at trace + blockIdx.x * kTraceWords.
+  unsigned long long* trace = nullptr;
   // The stream kernels' divisors (fastdiv.h), set by launch_stream: experts, top-k, align block
   // size, chunks per group, K pieces per task (shrink), ring stages, CTAs, warps per CTA,
   // consumer warps per CTA (expand).
@@ -205,5 +208,18 @@ struct MapCacheStats {
 MapCacheStats tensor_map_cache_stats();
 // Empties it (the benchmark's cold measurement).
 void tensor_map_cache_clear();
+
+// The stream kernels' timeline probe (the benchmark's `--timeline`). While a buffer is set, the
+// n-th stream launch enqueued since (captured launches included) gets the kTraceWords x grid
+// words at buf + n * grid * kTraceWords, until `words` are used up (later launches record
+// nothing); set_stream_trace(nullptr, 0) turns it off. Per CTA, %globaltimer in ns (a 256 ns
+// step on the H200): word 0 the CTA's start, 1 pdl_wait returned, 2 its task count known (after
+// the first __syncthreads), 3 its first weight copy issued (shrink warp 0, expand's producer), 4
+// that copy landed (shrink warp 0's lane 0 waits for it before its x loads while tracing,
+// expand consumer 0's first task), 5 the first warp done, 6 the last warp done; word 7 the CTA's
+// grid-stride tasks; words 8 + i the SM's clock64 at event i (i < 7; 0 where the event has
+// none). One process-wide setting, for one thread's use.
+constexpr int kTraceWords = 16;
+void set_stream_trace(unsigned long long* buf, int64_t words);
 
 }  // namespace molora::lora::detail

@@ -36,7 +36,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "core/cuda_util.h"
 #include "lora/lora_device.cuh"
@@ -145,6 +147,43 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
+// --- timeline probe (KernelArgs::trace, set_stream_trace; off in normal use) ---------------
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Word `i` of this CTA's record = now, and word 8 + i = the SM's clock (the caller picks one
+// thread).
+__device__ __forceinline__ void trace_set(unsigned long long* tr, int i) {
+  if (tr != nullptr) {
+    tr[blockIdx.x * kTraceWords + i] = gtime();
+    tr[blockIdx.x * kTraceWords + 8 + i] = static_cast<unsigned long long>(clock64());
+  }
+}
+// A warp is done: lane 0 folds now into words 5 (min) and 6 (max), its clock into 13 and 14.
+__device__ __forceinline__ void trace_done(unsigned long long* tr) {
+  if (tr != nullptr && (threadIdx.x & 31) == 0) {
+    const unsigned long long t = gtime(), c = static_cast<unsigned long long>(clock64());
+    unsigned long long* r = tr + blockIdx.x * kTraceWords;
+    atomicMin(r + 5, t);
+    atomicMax(r + 6, t);
+    atomicMin(r + 13, c);
+    atomicMax(r + 14, c);
+  }
+}
+// Thread 0 at the CTA's start: words 0 and 8, and words 5/6 and 13/14 reset for trace_done (ordered
+// before the other warps' atomics by the __syncthreads that follows in both kernels).
+__device__ __forceinline__ void trace_start(unsigned long long* tr) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long* r = tr + blockIdx.x * kTraceWords;
+    r[0] = gtime();
+    r[8] = static_cast<unsigned long long>(clock64());
+    r[5] = r[13] = ~0ull;
+    r[6] = r[14] = 0;
+  }
+}
+
 // One 2-D bulk tensor copy: the box at (column c0, row c1) of `map` into shared memory.
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1,
                                        uint64_t* b, uint64_t policy) {
@@ -429,6 +468,7 @@ __device__ void produce(const Ctx& x, const TaskIter<Op::kExpand>& walk, const E
     if (lane == 0) {  // after the stage's arrive: its phase for `pos` is the current one
       __threadfence_block();
       *x.issued = static_cast<int>(pos + 1);
+      if (pos == 0) trace_set(a.trace, 3);
     }
   };
   for_valid_tasks<Op::kExpand>(walk,
@@ -612,7 +652,10 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
     uint32_t yo[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) yo[nt] = (id >= 0 && (FULL || nt < ntn)) ? yp[nt * 4] : 0u;
-    if (bt == 0) wait_filled(x.issued, x.full + s, pos, a.fd_stages);
+    if (bt == 0) {
+      wait_filled(x.issued, x.full + s, pos, a.fd_stages);
+      if (vi == 0 && lane == 0) trace_set(a.trace, 4);
+    }
     if (mc <= 0) break;
       // Groups of G 8-row tiles: the group's shared-memory loads, then its tensor-core steps, then
       // its y stores (a load after a store may not be moved above it: they could alias).
@@ -684,6 +727,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
+  trace_start(a.trace);
   extern __shared__ __align__(128) uint8_t smem[];
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
@@ -710,6 +754,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  if (threadIdx.x == 0) trace_set(a.trace, 1);
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
   const SlotCache slots(a, false);
@@ -719,6 +764,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   x.my_tasks = cta_tasks(a);
   slots.store(a, s_rank, nullptr);
   __syncthreads();
+  if (threadIdx.x == 0 && a.trace != nullptr) {
+    trace_set(a.trace, 2);
+    a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
+  }
   // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
@@ -803,6 +852,12 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     }
   };
   for (int i = 0; i < stages; ++i) issue_next();
+  if (a.trace != nullptr && w == 0 && lane == 0) {
+    // (Lane 0 waits for the first stage here, so that the piece loop carries no test: its x
+    // loads follow the copy instead of preceding it, only while tracing.)
+    trace_set(a.trace, 3);
+    if (u0 < u1) bar_wait(full, 0), trace_set(a.trace, 4);
+  }
 
   // Compute side: the same pieces in the same order; the next task's pair ids loaded ahead.
   constexpr int kB = kStreamMaxBlock / 8;     // batches of 8 members
@@ -962,6 +1017,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     __syncwarp();  // ids[] is rewritten by the next task
     cur = nxt, p = pn;
   }
+  trace_done(a.trace);
 }
 
 // --- expand kernel ----------------------------------------------------------------------------
@@ -972,6 +1028,7 @@ template <typename T, int RM, bool NFULL>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
     molora_lora_expand(KernelArgs a, int stages, const __grid_constant__ ExpandMaps maps) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
+  trace_start(a.trace);
   extern __shared__ __align__(128) uint8_t smem[];
   const int consumers = static_cast<int>(blockDim.x / 32) - 1;
   Ctx x;
@@ -994,11 +1051,16 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  if (threadIdx.x == 0) trace_set(a.trace, 1);
   const SlotCache slots(a, true);  // (ranks and scales in flight beside the loads below)
   TaskIter<Op::kExpand> it(x);     // (its first expert ids load beside num_tokens_post_pad)
   x.my_tasks = cta_tasks(a);
   slots.store(a, s_rank, s_scale);
   __syncthreads();
+  if (threadIdx.x == 0 && a.trace != nullptr) {
+    trace_set(a.trace, 2);
+    a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
+  }
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {
     produce<T>(x, it, maps);
@@ -1035,6 +1097,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     }
     cur = nxt, p = pn, have = have_n;
   }
+  trace_done(a.trace);
 }
 
 // Lets kernel Kern take the stream layout's shared memory (once per kernel; the first result is
@@ -1215,9 +1278,37 @@ Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+struct TraceState {
+  std::atomic<bool> on{false};  // (read without the lock by every launch)
+  std::mutex mu;
+  unsigned long long* buf = nullptr;
+  int64_t words = 0, used = 0;
+};
+TraceState& trace_state() {
+  static TraceState t;
+  return t;
+}
+}  // namespace
+
+void set_stream_trace(unsigned long long* buf, int64_t words) {
+  TraceState& t = trace_state();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.buf = buf;
+  t.words = buf != nullptr ? words : 0;
+  t.used = 0;
+  t.on.store(buf != nullptr, std::memory_order_release);
+}
+
 Status launch_stream(Op op, DType dt, const KernelArgs& args, const Plan& plan,
                      cudaStream_t stream) {
   KernelArgs a = args;
+  a.trace = nullptr;
+  if (TraceState& t = trace_state(); t.on.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(t.mu);
+    const int64_t need = static_cast<int64_t>(plan.grid) * kTraceWords;
+    if (t.buf != nullptr && t.used + need <= t.words) a.trace = t.buf + t.used, t.used += need;
+  }
   a.fd_E = FastDiv(a.E);
   a.fd_k = FastDiv(a.k);
   a.fd_block = FastDiv(a.block);
