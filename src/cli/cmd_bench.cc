@@ -56,7 +56,8 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->add_flag("--timeline", *timeline,
                  "Also run each call with the stream kernels' timeline probe and print where "
                  "its time goes: CTA start, pdl_wait, first copy issued and landed, CTA ends "
-                 "(one op, one-shape mode)");
+                 "(one op, one-shape mode; needs a build configured with "
+                 "-DMOLORA_LORA_TRACE=ON)");
   lora->add_option("--none", *none, "Share of tokens without adapter (one-shape mode)")
       ->check(CLI::Range(0.0, 1.0));
   lora->callback([=, &exit_code] {

@@ -418,6 +418,10 @@ Status time_layers_host(int layers, cudaStream_t s, F&& call, const void* dev_pt
 // `grid` CTAs), then the records of the last replay summarised.
 template <typename F>
 Status run_timeline(cudaStream_t s, F&& call, int grid, Timeline* out) {
+  if (!detail::stream_trace_built())
+    return Status::Unavailable(
+        "--timeline: this build's stream kernels have no timeline probe (configure with "
+        "-DMOLORA_LORA_TRACE=ON)");
   const size_t words = size_t(kRot) * grid * detail::kTraceWords;
   unsigned long long* d = nullptr;
   MOLORA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), words * sizeof(*d)));

@@ -219,7 +219,10 @@ void tensor_map_cache_clear();
 // expand consumer 0's first task), 5 the first warp done, 6 the last warp done; word 7 the CTA's
 // grid-stride tasks; words 8 + i the SM's clock64 at event i (i < 7; 0 where the event has
 // none). One process-wide setting, for one thread's use.
+// The probe is compiled in only with -DMOLORA_LORA_TRACE=ON (stream_trace_built(); else the
+// kernels record nothing and set_stream_trace has no effect).
 constexpr int kTraceWords = 16;
 void set_stream_trace(unsigned long long* buf, int64_t words);
+bool stream_trace_built();
 
 }  // namespace molora::lora::detail

@@ -147,7 +147,15 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
-// --- timeline probe (KernelArgs::trace, set_stream_trace; off in normal use) ---------------
+// --- timeline probe (KernelArgs::trace, set_stream_trace) -----------------------------------
+// Compiled in only with -DMOLORA_LORA_TRACE=ON (cmake): with the probe off at run time its null
+// tests still cost 90-135 instructions per kernel (SASS of the bf16 kernels: shrink 3,138 ->
+// 3,018, expand r32 5,023 -> 4,914; bench/NOTES.md "lora v0.12"). Without it every trace_*
+// below is empty, and the kernels' code is that of a build without the probe.
+#ifndef MOLORA_LORA_TRACE
+#define MOLORA_LORA_TRACE 0
+#endif
+constexpr bool kTrace = MOLORA_LORA_TRACE != 0;
 __device__ __forceinline__ unsigned long long gtime() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -156,14 +164,14 @@ __device__ __forceinline__ unsigned long long gtime() {
 // Word `i` of this CTA's record = now, and word 8 + i = the SM's clock (the caller picks one
 // thread).
 __device__ __forceinline__ void trace_set(unsigned long long* tr, int i) {
-  if (tr != nullptr) {
+  if (kTrace && tr != nullptr) {
     tr[blockIdx.x * kTraceWords + i] = gtime();
     tr[blockIdx.x * kTraceWords + 8 + i] = static_cast<unsigned long long>(clock64());
   }
 }
 // A warp is done: lane 0 folds now into words 5 (min) and 6 (max), its clock into 13 and 14.
 __device__ __forceinline__ void trace_done(unsigned long long* tr) {
-  if (tr != nullptr && (threadIdx.x & 31) == 0) {
+  if (kTrace && tr != nullptr && (threadIdx.x & 31) == 0) {
     const unsigned long long t = gtime(), c = static_cast<unsigned long long>(clock64());
     unsigned long long* r = tr + blockIdx.x * kTraceWords;
     atomicMin(r + 5, t);
@@ -175,7 +183,7 @@ __device__ __forceinline__ void trace_done(unsigned long long* tr) {
 // Thread 0 at the CTA's start: words 0 and 8, and words 5/6 and 13/14 reset for trace_done (ordered
 // before the other warps' atomics by the __syncthreads that follows in both kernels).
 __device__ __forceinline__ void trace_start(unsigned long long* tr) {
-  if (tr != nullptr && threadIdx.x == 0) {
+  if (kTrace && tr != nullptr && threadIdx.x == 0) {
     unsigned long long* r = tr + blockIdx.x * kTraceWords;
     r[0] = gtime();
     r[8] = static_cast<unsigned long long>(clock64());
@@ -764,7 +772,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   x.my_tasks = cta_tasks(a);
   slots.store(a, s_rank, nullptr);
   __syncthreads();
-  if (threadIdx.x == 0 && a.trace != nullptr) {
+  if (kTrace && threadIdx.x == 0 && a.trace != nullptr) {
     trace_set(a.trace, 2);
     a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
   }
@@ -852,7 +860,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     }
   };
   for (int i = 0; i < stages; ++i) issue_next();
-  if (a.trace != nullptr && w == 0 && lane == 0) {
+  if (kTrace && a.trace != nullptr && w == 0 && lane == 0) {
     // (Lane 0 waits for the first stage here, so that the piece loop carries no test: its x
     // loads follow the copy instead of preceding it, only while tracing.)
     trace_set(a.trace, 3);
@@ -1057,7 +1065,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   x.my_tasks = cta_tasks(a);
   slots.store(a, s_rank, s_scale);
   __syncthreads();
-  if (threadIdx.x == 0 && a.trace != nullptr) {
+  if (kTrace && threadIdx.x == 0 && a.trace != nullptr) {
     trace_set(a.trace, 2);
     a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
   }
@@ -1291,6 +1299,8 @@ TraceState& trace_state() {
 }
 }  // namespace
 
+bool stream_trace_built() { return kTrace; }
+
 void set_stream_trace(unsigned long long* buf, int64_t words) {
   TraceState& t = trace_state();
   std::lock_guard<std::mutex> lock(t.mu);
@@ -1304,7 +1314,7 @@ Status launch_stream(Op op, DType dt, const KernelArgs& args, const Plan& plan,
                      cudaStream_t stream) {
   KernelArgs a = args;
   a.trace = nullptr;
-  if (TraceState& t = trace_state(); t.on.load(std::memory_order_acquire)) {
+  if (TraceState& t = trace_state(); kTrace && t.on.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(t.mu);
     const int64_t need = static_cast<int64_t>(plan.grid) * kTraceWords;
     if (t.buf != nullptr && t.used + need <= t.words) a.trace = t.buf + t.used, t.used += need;

@@ -2,6 +2,8 @@
 # Where a stream call's time goes (device run, carry build-gpu or build-ab): `molora bench lora
 # --timeline` for both ops over the seed shapes, T = 1/8/32/64, all tokens with an adapter, half
 # and none. Env: M (the CLI; default build-gpu's), LIB (its library folder), SHAPES, TS, NONES.
+# The library must be built with the probe: cmake -B build-gpu -DMOLORA_LORA_TRACE=ON, then
+# tools/gpu-check prepare (and tools/probe/ab.sh --stage trace to carry it in build-ab).
 cd "$(dirname "$0")/../.."
 M=${M:-build-gpu/src/cli/molora}
 LIB=${LIB:-build-gpu/src}
