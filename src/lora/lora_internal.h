@@ -102,9 +102,9 @@ constexpr int kThreads = 256;
 // Dynamic shared memory of a launch (the member list of one group).
 size_t smem_bytes(int mode, int64_t P, int block);
 
-// The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
+// The stream kernel (lora_stream*.cu): aligned routing with block size <= kStreamMaxBlock.
 // Expand: consumer warps plus one producer warp that fills a shared ring of stages. Shrink: every
-// warp feeds its own ring (no producer warp; see lora_stream.cu). The arithmetic runs on tensor
+// warp feeds its own ring (no producer warp; see lora_stream.cuh). The arithmetic runs on tensor
 // cores. A CTA takes up to stream_max_consumers(op) consumer warps; the planner's default is
 // stream_consumers(op), and MOLORA_LORA_STREAM_CONSUMERS overrides it (a tuning knob). Expand:
 // 11 consumers + the producer = 12 warps, 3 per SM sub-partition, so each thread may hold 168
@@ -144,7 +144,7 @@ inline int stream_max_stages(Op op, int consumers) {
   return (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
-// (Also the kernels' compile-time tile, ExpandTiles in lora_stream.cu.)
+// (Also the kernels' compile-time tile, ExpandTiles in lora_stream_expand.cu.)
 #ifdef __CUDACC__
 __host__ __device__
 #endif

@@ -1,0 +1,545 @@
+// Device code shared by the stream kernels (lora_stream_shrink.cu, lora_stream_expand.cu) and
+// the host side's declarations (lora_stream.cu). How the kernels work:
+//
+// The "stream" kernels of aligned routing (block size <= 32): warp-specialised pipelines that
+// stream every weight byte of the call through shared-memory stages filled by bulk asynchronous
+// copies (cp.async.bulk, Hopper's TMA engine), so that the bytes in flight do not depend on how
+// many registers or threads the arithmetic needs. One CTA per SM; the tasks of a CTA are
+// (group, chunk) items taken grid-stride, exactly as the grid kernel (lora.cu) numbers them.
+// Every warp walks the same list, reads the expert id of each task (one load per 32 tasks) and
+// keeps only the tasks that hold work (a valid virtual expert whose slot has rank > 0 and,
+// shrink, a rank row in the chunk), so every warp counts valid tasks identically without talking
+// to the others: valid task i belongs to consumer warp i % consumers.
+//
+// Expand: warp 0 is a producer, warps 1..consumers consume. Valid task i (`tile` rows of B[v]:
+// whole rows as one bulk copy where the columns past r_s cost no extra DRAM sector, else the
+// roundup(r_s, 8) columns of each row as 16-byte cp.async copies over the producer's lanes, so
+// the bytes read follow r_s) takes ring position i (stage i % stages, phase i / stages). The
+// producer waits for the stage to be released, announces the copy on the stage's `full` barrier
+// and issues it; the consumer loads its task's pair ids and activations (t and y) while the
+// copy is in flight, waits on `full`, computes from shared memory and releases the stage on
+// `empty`.
+//
+// Shrink: no producer; every warp feeds a ring of its own (`stages` stages of 8 rank rows x 512
+// columns of A[v]: a task's K-chunks, then the next task's), issuing the copy of piece u + stages
+// right after it has computed piece u, and loads its x vectors from global memory (L2) while the
+// copy of the piece it waits for lands. Nothing is handed between warps, so a stage's turn-around
+// is one copy's latency: a producer warp serving several consumers through full/empty barriers
+// measured ~0.36 us per stage for the hand-offs alone (bench/NOTES.md "lora v0.6"). Full rows of
+// 8 go as two 2-D bulk tensor copies (boxes of 8 rows x 256 columns, one tensor map over A
+// viewed as [S*E*r_max, K]; columns past K arrive as zeros); rows past a slot's rank are not
+// read (the remainder rows of a chunk go as one copy per row and box).
+//
+// Every sum is taken in a fixed order and every output element written by one thread: the
+// result is the same bits run to run. Every wait is bounded: a lost arrival traps (a launch
+// error) instead of hanging the stream.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and the cuTensorMapEncodeTiled types (no libcuda link)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/cuda_util.h"
+#include "lora/lora_device.cuh"
+#include "lora/lora_internal.h"
+
+namespace molora::lora::detail {
+
+// Expand's tensor maps for slots whose rank rounds (to 8) below r_max: map j views B as
+// [V, N, r_max] with boxes of (8 << j) columns x `tile` rows of one expert, so such a task is one
+// copy of exactly its r8 columns per row, landing at the pitch r8 (rows past N arrive as zeros).
+// Made on the host for r_max >= 32 (r_max <= 16: whole rows cost no extra DRAM sector); `ok` 0:
+// none (the per-lane copies below are used).
+struct ExpandMaps {
+  CUtensorMap m[4];  // r8 = 8, 16, 32, 64
+  int ok;
+};
+
+// --- host side (lora_stream.cu) --------------------------------------------------------------
+// MOLORA_LORA_STREAM_PROBE (read once): the timing probe's bits (KernelArgs::dbg; 0 in normal use).
+int probe_bits();
+// Expand's tensor maps for r_max >= 32 (ok = 0 where none can be made), from the shared cache.
+void expand_maps(const KernelArgs& a, ExpandMaps* out);
+// Shrink's tensor map of A (false where none can be made: the kernel copies row by row).
+bool shrink_map(const KernelArgs& a, CUtensorMap* out);
+// The launchers of each kernel (lora_stream_shrink.cu, lora_stream_expand.cu; T = __nv_bfloat16
+// or __half): a plan run() has validated (stream_shape_ok, stream_tile_ok), `a` with the
+// launch's divisors set (launch_stream).
+template <typename T>
+Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream);
+template <typename T>
+Status launch_stream_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream);
+
+namespace {
+
+constexpr int kSlots = kStreamSlots;
+constexpr int kBox = kStreamShrinkBox;  // shrink: columns per box (256: 512 bytes per row)
+constexpr int kBoxBytes = kStreamShrinkRows * kBox * 2;
+
+// --- mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90) -------------------------------
+__device__ __forceinline__ uint32_t sa(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void bar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sa(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(b)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sa(b)) : "memory");
+}
+// A waiting warp is suspended in hardware (up to this long per try) instead of spinning: spinning
+// warps take issue slots from the consumers that share their scheduler.
+constexpr uint32_t kSuspendNs = 20000;
+__device__ __forceinline__ bool bar_try(uint64_t* b, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(sa(b)), "r"(parity), "r"(kSuspendNs)
+      : "memory");
+  return ok != 0;
+}
+// Waits for the phase of parity `parity` to complete; traps after ~2^33 cycles (seconds).
+__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
+  if (bar_try(b, parity)) return;
+  const long long t0 = clock64();
+  while (!bar_try(b, parity))
+    if (clock64() - t0 > (1LL << 33)) __trap();
+}
+// Waits until the producer has issued ring position `pos` (its counter is past it), then for
+// the stage's fill. The counter comes first because consumers share stages: without it a warp
+// that runs ahead could see the previous fill of its stage still pending, whose parity differs,
+// and take that as its own phase being complete.
+__device__ __forceinline__ void wait_filled(const volatile int* issued, uint64_t* full, int64_t pos,
+                                            const FastDiv& stages) {
+  if (*issued <= pos) {
+    // Short fixed sleeps: the wake-up delay adds to the stage's turn-around whenever the
+    // consumer is ahead of the producer.
+    const long long t0 = clock64();
+    while (*issued <= pos) {
+      __nanosleep(32);
+      if (clock64() - t0 > (1LL << 33)) __trap();
+    }
+  }
+  bar_wait(full, stages.div(static_cast<uint32_t>(pos)) & 1u);
+}
+// A ring position kept as (stage, fill number) and stepped without dividing by `stages` (a
+// runtime value: each division is ~20 dependent instructions on the per-piece path).
+struct RingPos {
+  int s = 0;       // stage
+  uint32_t n = 0;  // fills of that stage before this one
+  __device__ __forceinline__ void step(int d, int stages) {
+    s += d;
+    while (s >= stages) s -= stages, ++n;
+  }
+};
+// One bulk copy global -> this CTA's shared memory, completing `bytes` on barrier b.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* b,
+                                         uint64_t policy) {
+  if (policy == 0) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(sa(dst)),
+        "l"(src), "r"(bytes), "r"(sa(b))
+        : "memory");
+    return;
+  }
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(sa(dst)),
+      "l"(src), "r"(bytes), "r"(sa(b)), "l"(policy)
+      : "memory");
+}
+// A 16-byte asynchronous copy global -> shared memory (L2 only), completion tracked by
+// cp_async_arrive. (No L2 cache hint: the .L2::cache_hint form with an evict-first policy raised
+// an illegal-instruction error on the H200.)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(dst)), "l"(src) : "memory");
+}
+// An arrival on barrier b when this thread's earlier cp_async16 copies have landed (the
+// barrier's expected count is raised by one first, so the phase waits for it).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(sa(b)) : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// --- timeline probe (KernelArgs::trace, set_stream_trace) -----------------------------------
+// Compiled in only with -DMOLORA_LORA_TRACE=ON (cmake): with the probe off at run time its null
+// tests still cost 90-135 instructions per kernel (SASS of the bf16 kernels: shrink 3,138 ->
+// 3,018, expand r32 5,023 -> 4,914; bench/NOTES.md "lora v0.12"). Without it every trace_*
+// below is empty, and the kernels' code is that of a build without the probe.
+#ifndef MOLORA_LORA_TRACE
+#define MOLORA_LORA_TRACE 0
+#endif
+constexpr bool kTrace = MOLORA_LORA_TRACE != 0;
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Word `i` of this CTA's record = now, and word 8 + i = the SM's clock (the caller picks one
+// thread).
+__device__ __forceinline__ void trace_set(unsigned long long* tr, int i) {
+  if (kTrace && tr != nullptr) {
+    tr[blockIdx.x * kTraceWords + i] = gtime();
+    tr[blockIdx.x * kTraceWords + 8 + i] = static_cast<unsigned long long>(clock64());
+  }
+}
+// A warp is done: lane 0 folds now into words 5 (min) and 6 (max), its clock into 13 and 14.
+__device__ __forceinline__ void trace_done(unsigned long long* tr) {
+  if (kTrace && tr != nullptr && (threadIdx.x & 31) == 0) {
+    const unsigned long long t = gtime(), c = static_cast<unsigned long long>(clock64());
+    unsigned long long* r = tr + blockIdx.x * kTraceWords;
+    atomicMin(r + 5, t);
+    atomicMax(r + 6, t);
+    atomicMin(r + 13, c);
+    atomicMax(r + 14, c);
+  }
+}
+// Thread 0 at the CTA's start: words 0 and 8, and words 5/6 and 13/14 reset for trace_done (ordered
+// before the other warps' atomics by the __syncthreads that follows in both kernels).
+__device__ __forceinline__ void trace_start(unsigned long long* tr) {
+  if (kTrace && tr != nullptr && threadIdx.x == 0) {
+    unsigned long long* r = tr + blockIdx.x * kTraceWords;
+    r[0] = gtime();
+    r[8] = static_cast<unsigned long long>(clock64());
+    r[5] = r[13] = ~0ull;
+    r[6] = r[14] = 0;
+  }
+}
+
+// One 2-D bulk tensor copy: the box at (column c0, row c1) of `map` into shared memory.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                       uint64_t* b, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(sa(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(sa(b)), "l"(policy)
+      : "memory");
+}
+
+// One 3-D bulk tensor copy: the box at (c0, c1, c2) of `map` into shared memory.
+__device__ __forceinline__ void tma_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                       uint64_t* b, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(sa(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(sa(b)), "l"(policy)
+      : "memory");
+}
+
+// The stage pitch (in elements) of an expand task at rounded rank r8 in a kernel of r_max R:
+// r8 where the task goes as one tensor copy (a power of two below R >= 32, maps made, neither
+// probe bit 64 nor 128), else R. The producer and the consumers decide alike.
+__device__ __forceinline__ int expand_pitch(int r8, int R, int maps_ok, int dbg) {
+  return (maps_ok != 0 && !(dbg & (64 | 128)) && R >= 32 && r8 < R && (r8 & (r8 - 1)) == 0) ? r8
+                                                                                            : R;
+}
+
+struct Ctx {
+  const KernelArgs* a;
+  uint8_t* smem;
+  StreamLayout L;
+  uint64_t *full, *empty;
+  volatile int* issued;  // ring positions the producer has announced (written by its lane 0)
+  const int* rank;
+  const float* scale;
+  int V, pieces, kc;
+  int my_tasks;  // < 2^31: the planner bounds a call's tasks
+};
+
+__device__ __forceinline__ int rank_of(const Ctx& x, int slot) {
+  return x.a->S <= kSlots ? x.rank[slot] : min(max(__ldg(x.a->ranks + slot), 0), x.a->r_max);
+}
+__device__ __forceinline__ float scale_of(const Ctx& x, int slot) {
+  return x.a->S <= kSlots ? x.scale[slot] : __ldg(x.a->scales + slot);
+}
+
+// This CTA's valid tasks in order: `next` gives the next one (its valid index vi, group g,
+// chunk c, virtual expert v, rank r) or false at the end. A whole warp calls it (uniformly).
+struct Task {
+  int vi;
+  int64_t g;
+  int c, v, r;
+};
+template <Op OP>
+struct TaskIter {
+  // Division-free: the tasks of a round are blockIdx.x + (l0 + lane) * gridDim.x, and each lane
+  // keeps its task's (group, chunk), stepped by 32 tasks per round (the step's quotient and
+  // remainder by `chunks` taken once). The planner keeps every task index below 2^31, so the
+  // arithmetic is 32-bit. (A 64-bit division per task was ~100 dependent instructions: on the
+  // shrink kernel's three walks it was most of the fixed cost at small T, bench/NOTES.md v0.7.)
+  const Ctx& x;
+  int l0 = 0, vi = 0;
+  unsigned m = 0;
+  int ve = -1, rk = 0;
+  int lg = 0, lc = 0;  // this lane's (group, chunk) for the current round
+  int dg = 0, dc = 0;  // 32 tasks further: groups and chunks to add
+  bool fresh = true;
+  int pre = -1;  // the first round's expert id, loaded by the constructor
+  // Made before the CTA knows its task count (num_tokens_post_pad): the first round's expert ids
+  // are loaded at once for every group the align output can hold, so that their load and that of
+  // num_tokens_post_pad are in flight together instead of one after the other (one L2 round trip
+  // less before the first copy is issued). round() keeps only the lanes below the count.
+  __device__ explicit TaskIter(const Ctx& c) : x(c) {
+    const KernelArgs& a = *x.a;
+    const uint32_t ch = static_cast<uint32_t>(a.chunks);
+    const uint32_t t0 = blockIdx.x + (threadIdx.x & 31) * gridDim.x;
+    lg = static_cast<int>(a.fd_chunks.div(t0)), lc = static_cast<int>(t0 - lg * ch);
+    const uint32_t step = 32u * gridDim.x;
+    dg = static_cast<int>(a.fd_chunks.div(step)), dc = static_cast<int>(step - dg * ch);
+    if (static_cast<int64_t>(lg + 1) * a.block <= a.sorted_len)  // block lg exists
+      pre = __ldg(a.rt.expert_ids + lg);
+  }
+  // Loads the next round's expert ids; false at the end of the CTA's tasks.
+  __device__ __forceinline__ bool round() {
+    const KernelArgs& a = *x.a;
+    const bool first = fresh;
+    if (!fresh) {
+      lg += dg, lc += dc;
+      if (lc >= a.chunks) lc -= a.chunks, ++lg;
+      l0 += 32;
+    }
+    fresh = false;
+    if (l0 >= x.my_tasks) return false;
+    ve = -1, rk = 0;
+    bool ok = false;
+    if (l0 + (threadIdx.x & 31) < x.my_tasks) {
+      ve = first ? pre : __ldg(a.rt.expert_ids + lg);
+      if (ve >= 0 && ve < x.V) {
+        rk = rank_of(x, static_cast<int>(a.fd_E.div(static_cast<uint32_t>(ve))));
+        ok = rk > 0 && (OP == Op::kExpand || lc * a.tile < rk);
+      }
+    }
+    m = __ballot_sync(~0u, ok);
+    return true;
+  }
+  __device__ __forceinline__ bool next(Task& t) {
+    while (m == 0)
+      if (!round()) return false;
+    const int j = __ffs(m) - 1;
+    m &= m - 1;
+    t.g = __shfl_sync(~0u, lg, j);
+    t.c = __shfl_sync(~0u, lc, j);
+    t.v = __shfl_sync(~0u, ve, j);
+    t.r = __shfl_sync(~0u, rk, j);
+    t.vi = vi++;
+    return true;
+  }
+  // The next valid task whose valid index is w modulo C (expand: consumer w's), skipping the
+  // others without stepping through them: each lane holds its task's valid index in the round
+  // (a prefix count of the mask), one ballot picks the first of this consumer's. Exactly the
+  // tasks next() would give with turn counting, in the same order.
+  __device__ __forceinline__ bool next_of(Task& t, int w, const FastDiv& C) {
+    const int lane = threadIdx.x & 31;
+    while (true) {
+      if (m != 0) {
+        const int idx = vi + __popc(m & ((1u << lane) - 1u));
+        const bool mine = ((m >> lane) & 1u) && static_cast<int>(C.mod(idx)) == w;
+        const unsigned sel = __ballot_sync(~0u, mine);
+        if (sel != 0) {
+          const int j = __ffs(sel) - 1;
+          const unsigned upto = j == 31 ? ~0u : ((1u << (j + 1)) - 1u);
+          vi += __popc(m & upto);
+          m &= ~upto;
+          t.g = __shfl_sync(~0u, lg, j);
+          t.c = __shfl_sync(~0u, lc, j);
+          t.v = __shfl_sync(~0u, ve, j);
+          t.r = __shfl_sync(~0u, rk, j);
+          t.vi = vi - 1;
+          return true;
+        }
+        vi += __popc(m);
+        m = 0;
+      }
+      if (!round()) return false;
+    }
+  }
+  // The number of valid tasks left (consumes the iterator).
+  __device__ __forceinline__ int count() {
+    int n = __popc(m);
+    m = 0;
+    while (round()) n += __popc(m);
+    m = 0;
+    return n;
+  }
+};
+// Calls f(valid_index, group, chunk, v, r) for each valid task, in order (whole warp).
+template <Op OP, typename F>
+__device__ __forceinline__ void for_valid_tasks(TaskIter<OP> it, F&& f) {
+  Task t;
+  while (it.next(t)) f(t.vi, t.g, t.c, t.v, t.r);
+}
+
+// The ranks (and scales) of slots < kSlots, cached in shared memory by the stream kernels. The
+// first blockDim.x of them are loaded by the constructor into registers (one per thread), so
+// that their global loads are issued before the task walk's (instructions issue in order: a
+// load placed after the first use of num_tokens_post_pad would wait for that round trip first,
+// one L2 latency more before the first copy); store() writes them, and loads any slot past
+// blockDim.x, once the CTA's task count is known.
+struct SlotCache {
+  int rank = 0;
+  float scale = 0.f;
+  __device__ SlotCache(const KernelArgs& a, bool with_scale) {
+    if (a.S <= kSlots && static_cast<int>(threadIdx.x) < a.S) {
+      rank = __ldg(a.ranks + threadIdx.x);
+      if (with_scale && a.scales != nullptr) scale = __ldg(a.scales + threadIdx.x);
+    }
+  }
+  __device__ void store(const KernelArgs& a, int* s_rank, float* s_scale) const {
+    if (a.S > kSlots) return;
+    const int s0 = static_cast<int>(threadIdx.x);
+    if (s0 < a.S) {
+      s_rank[s0] = min(max(rank, 0), a.r_max);
+      if (s_scale != nullptr) s_scale[s0] = scale;
+    }
+    for (int s = s0 + static_cast<int>(blockDim.x); s < a.S; s += blockDim.x) {
+      s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
+      if (s_scale != nullptr) s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
+    }
+  }
+};
+
+// The tasks this CTA takes grid-stride: (group, chunk) items of the used blocks of the align
+// output (num_tokens_post_pad, clamped to sorted_len).
+__device__ __forceinline__ int cta_tasks(const KernelArgs& a) {
+  int64_t used = __ldg(a.rt.num_tokens_post_pad);
+  used = max(int64_t{0}, min(used, a.sorted_len));
+  // The planner keeps groups x chunks below 2^31: 32-bit divisions (a 64-bit one is a long
+  // subroutine that every warp runs before its first task).
+  // (Divisions by the launch's constants as multiplies, fastdiv.h: n < 2^31.)
+  const uint32_t groups = used < (int64_t{1} << 31) ? a.fd_block.div(static_cast<uint32_t>(used))
+                                                    : static_cast<uint32_t>(used / a.block);
+  const uint32_t n_tasks = groups * static_cast<uint32_t>(a.chunks);
+  if (n_tasks <= blockIdx.x) return 0;
+  const uint32_t n = n_tasks - blockIdx.x + gridDim.x - 1;
+  return static_cast<int>(n < (1u << 31) ? a.fd_grid.div(n) : n / gridDim.x);
+}
+// This lane's entry of block g of the align output (-1 past the block or the used length).
+__device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
+  const int lane = threadIdx.x & 31;
+  const int64_t at = g * a.block + lane;
+  return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
+}
+// Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
+// count. Whole warp.
+__device__ __forceinline__ int compact_members(const KernelArgs& a, int p, int* ids) {
+  const int lane = threadIdx.x & 31;
+  const bool ok = p >= 0 && p < a.P;
+  const unsigned bal = __ballot_sync(~0u, ok);
+  if (ok) ids[__popc(bal & ((1u << lane) - 1u))] = p;
+  __syncwarp();
+  return __popc(bal);
+}
+__device__ __forceinline__ uint4 mask4(uint4 v, const uint4& keep) {
+  v.x &= keep.x, v.y &= keep.y, v.z &= keep.z, v.w &= keep.w;
+  return v;
+}
+// Tensor-core step: D += A (16 x 16, row) * B (16 x 8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                        uint32_t a2, uint32_t a3, uint32_t b0,
+                                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                 uint32_t a2, uint32_t a3, uint32_t b0,
+                                                 uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// Tensor-core step: D += A (16 x 8, row) * B (8 x 8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
+template <>
+__device__ __forceinline__ void mma1688<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                       uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+template <>
+__device__ __forceinline__ void mma1688<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+// The two 16-bit values of a 32-bit word packed from floats (round to nearest even).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The k order of the tensor-core steps. Lane l = 4 g + c (g = l / 4, c = l % 4) holds, in an
+// m16n8k16 step, A elements (row g and g + 8; k 2c, 2c+1 and 2c+8, 2c+9) and B elements (column
+// g; the same k). A sum over k may take the k in any order that A and B share, so lane c's four
+// k of step s of "superstep" j (32 k) are taken as the physical k 32j + 8c + 4s + {0..3}: one
+// 16-byte vector (vector 4j + c of a row) gives a lane both steps of a superstep, for either
+// operand, and the 8 g-rows x 4 c-vectors of one load are contiguous in shared memory (no bank
+// conflicts while a row is <= 64 bytes).
+//   v.x: step 0, k 2c..2c+1   v.y: step 0, k 2c+8..   v.z: step 1, k 2c..   v.w: step 1, k 2c+8..
+// The vector of a row past its nv = ceil(r / 8) vectors is zero, and its last vector is masked
+// past r, for both operands (0 * NaN would be NaN).
+//
+// r_max <= 16 (one m16n8k16 step covers the row): lane c takes the physical k 4c..4c+3 as the
+// step's k 2c, 2c+1 (word x) and 2c+8, 2c+9 (word y): one 8-byte load per operand and one step
+// per 8-row tile, where the 32-k superstep above would spend half its steps and loads on zeros.
+
+// A 4-byte global store when `c` holds, as one predicated instruction: no branch, so the
+// compiler keeps a group's shared-memory loads and tensor-core steps ahead of its stores instead
+// of sinking each tile's into the block of the store before it (one tile at a time, serialised).
+__device__ __forceinline__ void st_global_if(uint32_t* p, uint32_t v, bool c) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q st.global.b32 [%0], %1;\n}" ::"l"(p),
+               "r"(v), "r"(static_cast<uint32_t>(c))
+               : "memory");
+}
+
+// The keep mask of a lane's 8-byte k16 vector (elements 4c..4c+3) for a row of rank r.
+__device__ __forceinline__ uint2 keep_k16(int r, int cq) {
+  const int e = 4 * cq;
+  auto word = [r](int i) { return (i + 1 < r ? ~0u : i < r ? 0xffffu : 0u); };
+  return make_uint2(word(e), word(e + 2));
+}
+
+// Lets kernel Kern take the stream layout's shared memory (once per kernel; the first result is
+// kept).
+template <auto Kern>
+cudaError_t allow_stream_smem() {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemBytes);
+  return attr;
+}
+
+}  // namespace
+}  // namespace molora::lora::detail
