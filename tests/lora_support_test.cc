@@ -1,0 +1,251 @@
+// lora host helpers without a GPU: the benchmark's shape names and timeline summary, the stream
+// kernels' tensor-map memo (memo_cache.h) and their divisions by launch constants (fastdiv.h).
+#include <random>
+
+#include "lora/fastdiv.h"
+#include "lora/lora_bench.h"
+#include "lora/memo_cache.h"
+#include "lora_test_util.h"
+
+using namespace lora_test;
+
+// `molora bench lora --shape`: the seed names and the N<dim>_r<r>_V<E>x<S> form, every field
+// checked against the kernels' limits.
+TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {
+  namespace b = molora::lora::bench;
+  b::Shape sh;
+  ASSERT_TRUE(b::parse_shape("N6144_r32_V160x8", &sh));
+  EXPECT_EQ(sh.dim, 6144);
+  EXPECT_EQ(sh.r, 32);
+  EXPECT_EQ(sh.E, 160);
+  EXPECT_EQ(sh.S, 8);
+  ASSERT_TRUE(b::parse_shape("N16384_r128_V8192x8", &sh));
+  EXPECT_EQ(sh.name, "N16384_r128_V8192x8");
+  EXPECT_EQ(sh.dim, 16384);
+  EXPECT_EQ(sh.r, 128);
+  EXPECT_EQ(sh.E, 8192);
+  EXPECT_EQ(sh.S, 8);
+  ASSERT_TRUE(b::parse_shape("N8_r8_V1x1", &sh));
+  EXPECT_EQ(sh.dim, 8);
+  const b::Shape before = sh;
+  for (const char* bad :
+       {"", "N0_r8_V1x1", "N12_r8_V1x1", "N16392_r8_V1x1", "N64_r24_V1x1", "N64_r256_V1x1",
+        "N64_r8_V0x1", "N64_r8_V1x0", "N64_r8_V65537x1", "N64_r8_V256x257", "N064_r8_V1x1",
+        "N64_r8_V1x1x", "N-64_r8_V1x1", "N64_r8", "n64_r8_V1x1"}) {
+    EXPECT_FALSE(b::parse_shape(bad, &sh)) << bad;
+    EXPECT_EQ(sh.name, before.name) << bad;  // untouched
+  }
+}
+
+// `molora bench lora --timeline`: the summary of the stream kernels' timeline records. Three
+// calls of 4 CTAs laid out alike relative to the previous call's last CTA end (CTA 3 has no
+// task: no copy words), so every median is the one call's statistic.
+TEST(LoraBench, TimelineSummaryFromRecords) {
+  namespace b = molora::lora::bench;
+  constexpr int W = detail::kTraceWords, calls = 3, grid = 4;
+  std::vector<unsigned long long> w(size_t(calls) * grid * W);
+  const int tasks[grid] = {5, 6, 6, 0};
+  for (int i = 0; i < calls; ++i) {
+    const unsigned long long base = 1000000 + 10000ull * i, prev = base - 4700;
+    for (int c = 0; c < grid; ++c) {
+      unsigned long long* r = &w[(size_t(i) * grid + c) * W];
+      r[0] = prev + 200 + 32 * c;
+      r[1] = prev + 1000 + 10 * c;
+      r[2] = prev + 1500;
+      r[3] = c < 3 ? prev + 2000 + 100 * c : 0;
+      r[4] = c < 3 ? prev + 3000 + 100 * c : 0;
+      r[5] = prev + 4000;
+      r[6] = base + 5000 + 100 * c;  // the last CTA: base + 5300 = the next call's prev
+      r[7] = tasks[c];
+      for (int e = 0; e < 7; ++e)  // a 2 GHz clock, started at 1e6 at the CTA's start
+        r[8 + e] = r[e] != 0 ? 1000000 + 2 * (r[e] - r[0]) : 0;
+    }
+  }
+  b::Timeline t;
+  ASSERT_TRUE(b::summarize_timeline(w, calls, grid, &t).ok());
+  EXPECT_EQ(t.calls, 2);
+  EXPECT_EQ(t.grid, 4);
+  EXPECT_NEAR(t.start_min, 0.2, 1e-9);
+  EXPECT_NEAR(t.start_med, 0.248, 1e-9);
+  EXPECT_NEAR(t.wait_med, 1.015, 1e-9);
+  EXPECT_NEAR(t.wait_max, 1.03, 1e-9);
+  EXPECT_NEAR(t.known_med, 1.5, 1e-9);
+  EXPECT_NEAR(t.issue_med, 2.1, 1e-9);
+  EXPECT_NEAR(t.issue_max, 2.2, 1e-9);
+  EXPECT_NEAR(t.land_med, 3.1, 1e-9);
+  EXPECT_NEAR(t.land_max, 3.2, 1e-9);
+  EXPECT_NEAR(t.first_done_med, 4.0, 1e-9);
+  EXPECT_NEAR(t.end_min, 9.7, 1e-9);
+  EXPECT_NEAR(t.end_med, 9.85, 1e-9);
+  EXPECT_NEAR(t.end_max, 10.0, 1e-9);
+  EXPECT_NEAR(t.tasks_mean, 4.25, 1e-9);
+  EXPECT_EQ(t.tasks_max, 6);
+  EXPECT_NEAR(t.busiest_end, 9.8, 1e-9);  // CTA 1: the first with 6 tasks
+  EXPECT_EQ(t.timer_step_ns, 32);
+  // By the CTAs' clocks: (event - start) in ns, averaged over the CTAs that have the event.
+  EXPECT_NEAR(t.clock_ghz, 2.0, 1e-9);
+  EXPECT_NEAR(t.c_wait, 0.767, 1e-9);        // 800 - 22c
+  EXPECT_NEAR(t.c_issue, 1.868, 1e-9);       // 1800 + 68c, c < 3
+  EXPECT_NEAR(t.c_end, 9.602, 1e-9);         // 9500 + 68c
+  EXPECT_NEAR(t.c_first_done, 3.752, 1e-9);  // 3800 - 32c
+  const std::string f = b::format_timeline(t);
+  EXPECT_NE(f.find("median of 2 calls, 4 CTAs"), std::string::npos) << f;
+  EXPECT_NE(f.find("max  10.00 (the call)"), std::string::npos) << f;
+  EXPECT_EQ(f.find("no clock estimate"), std::string::npos) << f;
+  EXPECT_NE(b::format_timeline(b::Timeline{}).find("none"), std::string::npos);
+  {  // CTAs that all ran under 2 us: no clock estimate, and the line says so
+    std::vector<unsigned long long> shortw = w;
+    for (size_t k = 0; k < shortw.size(); k += W)
+      for (int e = 1; e < 7; ++e)
+        if (shortw[k + e] != 0) shortw[k + e] = shortw[k] + (shortw[k + e] - shortw[k]) / 8;
+    b::Timeline ts;
+    ASSERT_TRUE(b::summarize_timeline(shortw, calls, grid, &ts).ok());
+    EXPECT_EQ(ts.clock_ghz, 0.0);
+    EXPECT_NE(b::format_timeline(ts).find("no clock estimate"), std::string::npos);
+  }
+
+  // Bad records: refused, the output untouched.
+  const b::Timeline before = t;
+  EXPECT_FALSE(b::summarize_timeline(w, 1, grid, &t).ok());
+  EXPECT_FALSE(b::summarize_timeline(w, calls, grid + 1, &t).ok());
+  EXPECT_FALSE(b::summarize_timeline(w, calls, 0, &t).ok());
+  std::vector<unsigned long long> hole = w;
+  hole[(size_t(2) * grid + 1) * W + 6] = 0;  // call 2, CTA 1: no warp done
+  const Status st = b::summarize_timeline(hole, calls, grid, &t);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("call 2 CTA 1"), std::string::npos) << st.message();
+  EXPECT_EQ(t.end_max, before.end_max);
+  EXPECT_EQ(t.calls, before.calls);
+}
+
+// The stream kernels' tensor-map memo (memo_cache.h): a hit returns what make() stored for that
+// exact key, make() runs once per key, every byte of the key counts, and the least recently used
+// key is the one evicted at capacity.
+TEST(LoraMemoCache, HitsMissesAndLeastRecentlyUsedEviction) {
+  struct Key {
+    uint64_t w;
+    int64_t d;
+    int32_t kind, tile;
+  };
+  detail::MemoCache<Key, int64_t> cache(3);
+  int makes = 0;
+  auto get = [&](Key k) {
+    return cache.get(k, [&](int64_t* v) {
+      ++makes;
+      *v = int64_t(k.w) * 1000 + k.d * 10 + k.kind + 100 * k.tile;
+    });
+  };
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t base = rng() >> 20;
+  const Key a{base, 7, 0, 0}, b{base + 16, 7, 0, 0}, c{base, 8, 0, 0}, d{base, 7, 1, 0};
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);
+  EXPECT_EQ(get(b), int64_t(base + 16) * 1000 + 70);
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);  // hit: no new make
+  EXPECT_EQ(makes, 2);
+  EXPECT_EQ(get(c), int64_t(base) * 1000 + 80);  // differs from a in one field only
+  EXPECT_EQ(makes, 3);
+  auto st = cache.stats();
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 3u);
+  EXPECT_EQ(st.size, 3u);
+  EXPECT_EQ(st.capacity, 3u);
+  // Full (a, b, c; b least recently used): d evicts b, so b is made again and a stays.
+  EXPECT_EQ(get(d), int64_t(base) * 1000 + 71);
+  EXPECT_EQ(makes, 4);
+  EXPECT_EQ(get(a), int64_t(base) * 1000 + 70);
+  EXPECT_EQ(makes, 4);
+  EXPECT_EQ(get(b), int64_t(base + 16) * 1000 + 70);
+  EXPECT_EQ(makes, 5);
+  EXPECT_EQ(cache.stats().size, 3u);  // never more than the capacity
+  // (b's return evicted c, the least recently used then)
+  EXPECT_EQ(get(c), int64_t(base) * 1000 + 80);
+  EXPECT_EQ(makes, 6);
+  cache.clear();
+  st = cache.stats();
+  EXPECT_EQ(st.size, 0u);
+  EXPECT_EQ(st.hits + st.misses, 0u);
+}
+
+// A layer cycle longer than one entry per op (an eager engine alternating layers): after the
+// first pass every lookup hits, for any cycle that fits the capacity; a cycle past it misses on
+// every lookup (LRU), which the capacity (512 in lora_stream.cu) is sized to avoid.
+TEST(LoraMemoCache, LayerCyclesWithinCapacityHitAfterOnePass) {
+  struct Key {
+    uint64_t w;
+    int64_t d;
+  };
+  std::mt19937_64 rng(std::random_device{}());
+  const int cap = 8 + int(rng() % 56);
+  for (const int layers : {1, 2, cap - 1, cap, cap + 1}) {
+    detail::MemoCache<Key, int> cache(static_cast<size_t>(cap));
+    int makes = 0;
+    for (int pass = 0; pass < 4; ++pass)
+      for (int l = 0; l < layers; ++l)
+        EXPECT_EQ(cache.get(Key{uint64_t(l) * 256, 4096},
+                            [&](int* v) {
+                              ++makes;
+                              *v = l;
+                            }),
+                  l);
+    EXPECT_EQ(makes, layers <= cap ? layers : 4 * layers) << "layers " << layers << " cap " << cap;
+  }
+}
+
+// The stream kernels' divisions by launch constants (fastdiv.h): n / d and n % d exactly, for
+// edge values (0, d - 1, d, d + 1, powers of two and their neighbours, 2^31 - 1) and random
+// ones, for every divisor class the kernels use (1, small, powers of two, up to 2^31 - 1).
+TEST(LoraFastDiv, MatchesIntegerDivision) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<uint32_t> ds = {1,
+                              2,
+                              3,
+                              5,
+                              7,
+                              8,
+                              11,
+                              12,
+                              16,
+                              24,
+                              31,
+                              32,
+                              33,
+                              64,
+                              100,
+                              128,
+                              132,
+                              160,
+                              255,
+                              256,
+                              257,
+                              1000,
+                              4095,
+                              4096,
+                              4097,
+                              65535,
+                              65536,
+                              65537,
+                              (1u << 30) - 1,
+                              1u << 30,
+                              (1u << 30) + 1,
+                              (1u << 31) - 1};
+  for (int i = 0; i < 200; ++i) ds.push_back(1 + uint32_t(rng() % ((1u << 31) - 1)));
+  for (int i = 0; i < 200; ++i) ds.push_back(1 + uint32_t(rng() % 4096));
+  const uint32_t top = (1u << 31) - 1;
+  for (uint32_t d : ds) {
+    const detail::FastDiv f(d);
+    ASSERT_EQ(f.d, d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, top, top - 1, top - d};
+    if (d < top) ns.push_back(d + 1);
+    if (d < top / 2) ns.push_back(2 * d - 1), ns.push_back(2 * d), ns.push_back(2 * d + 1);
+    for (int b = 0; b < 31; ++b) ns.push_back(1u << b), ns.push_back((1u << b) - 1);
+    for (int i = 0; i < 2000; ++i) ns.push_back(uint32_t(rng() % (uint64_t(top) + 1)));
+    for (uint32_t n : ns) {
+      if (n > top) continue;  // (the wrapped d - 1 of d = 0 cannot occur: d >= 1)
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+      ASSERT_EQ(f.mod(n), n % d) << n << " % " << d;
+    }
+  }
+  // Divisors out of range are taken as 1 (the kernels' divisors are validated before).
+  EXPECT_EQ(detail::FastDiv(0).d, 1u);
+  EXPECT_EQ(detail::FastDiv(int64_t(1) << 31).d, 1u);
+}
