@@ -1,5 +1,5 @@
-// The timeline probe's summary for `molora bench lora --timeline` (see lora_bench.h): CPU code,
-// tested without a GPU.
+// The lora benchmark's pieces that need no GPU (see lora_bench.h): the shape names and the
+// summary of `molora bench lora --timeline`. Tested without a GPU, and linked without the kernels.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -9,6 +9,31 @@
 #include "lora/lora_internal.h"
 
 namespace molora::lora::bench {
+
+std::vector<Shape> seed_shapes() {
+  return {{"N6144_r32_V160x8", 6144, 32, 160, 8},
+          {"N2048_r16_V128x8", 2048, 16, 128, 8},
+          {"N7168_r32_V256x4", 7168, 32, 256, 4},
+          {"N4096_r32_V128x8", 4096, 32, 128, 8}};
+}
+
+bool parse_shape(const std::string& name, Shape* out) {
+  for (const Shape& sh : seed_shapes())
+    if (sh.name == name) return *out = sh, true;
+  long long dim = 0, r = 0, E = 0, S = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "N%lld_r%lld_V%lldx%lld%c", &dim, &r, &E, &S, &tail) != 4)
+    return false;
+  const bool r_ok = r == 8 || r == 16 || r == 32 || r == 64 || r == 128;
+  if (dim <= 0 || dim > 16384 || dim % 8 != 0 || !r_ok || E <= 0 || S <= 0 || E * S > 65536)
+    return false;
+  // (the name must be the canonical spelling: no leading zeros, no sign)
+  const std::string canon = "N" + std::to_string(dim) + "_r" + std::to_string(r) + "_V" +
+                            std::to_string(E) + "x" + std::to_string(S);
+  if (canon != name) return false;
+  *out = Shape{name, dim, static_cast<int>(r), static_cast<int>(E), static_cast<int>(S)};
+  return true;
+}
 
 namespace {
 double median(std::vector<double> v) {
