@@ -212,4 +212,15 @@ inline void expect_slot(const AdapterPool& pool, const Model& m, int slot, const
   }
 }
 
+// A test with a fresh temporary folder (root), removed after it.
+class PoolFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = temp_dir("cpu");
+    ASSERT_FALSE(root.empty());
+  }
+  void TearDown() override { std::system(("rm -rf '" + root + "'").c_str()); }
+  std::string root;
+};
+
 }  // namespace molora::pooltest
