@@ -7,7 +7,8 @@
 # Here, before the call: tools/gpu-check prepare for each variant, tools/probe/ab.sh --stage NAME
 # (the candidate as $CAND, default "pfx"; a build configured with -DMOLORA_LORA_TRACE=ON as
 # "trace"), then cp build-gpu/tests/lora_gpu_test build-ab/ (the candidate's, statically linked).
-# Env: CAND, AB_CASES (ab.sh's), ROUNDS (default 2), TL_SHAPES, TABLE=0 to skip the table.
+# Env: CAND, AB_CASES (ab.sh's), ROUNDS (default 2), AB_PROBE, TL_SHAPES, MEMCHECK_S and TABLE_S
+# (time limits, default 150 s each), TABLE=0 to skip the table.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.out}
 mkdir -p "$OUT"
@@ -17,17 +18,26 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee 
 build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/gpu_test.txt" 2>&1
 echo "lora_gpu_test rc=$?" | tee -a "$OUT/summary.txt"
 tools/probe/ab.sh "${ROUNDS:-2}" >"$OUT/ab.txt" 2>&1
+# AB_PROBE: a second pass with MOLORA_LORA_STREAM_PROBE set (its lines labelled "p<bits>"), and
+# the GPU tests once more under it.
+if [ -n "${AB_PROBE:-}" ]; then
+  MOLORA_LORA_STREAM_PROBE=$AB_PROBE tools/probe/ab.sh "${ROUNDS:-2}" 2>&1 |
+    sed "s/^r\([0-9]*\) \([^ ]*\) /r\1 \2+p$AB_PROBE /" >>"$OUT/ab.txt"
+  MOLORA_LORA_STREAM_PROBE=$AB_PROBE build-ab/lora_gpu_test --gtest_brief=1 \
+    >"$OUT/gpu_test_p$AB_PROBE.txt" 2>&1
+  echo "lora_gpu_test with probe $AB_PROBE rc=$?" | tee -a "$OUT/summary.txt"
+fi
 if [ -d build-ab/trace ]; then
   M=build-ab/molora LIB=build-ab/trace SHAPES=${TL_SHAPES:-"N6144_r32_V160x8 N2048_r16_V128x8"} \
     TS=1,8,32,64 NONES="0 0.5" tools/probe/timeline.sh >"$OUT/timeline.txt" 2>&1
 fi
-timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 build-ab/lora_gpu_test \
-  --gtest_brief=1 >"$OUT/memcheck.txt" 2>&1
+timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+  build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/memcheck.txt" 2>&1
 echo "memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.txt") clean summaries)" |
   tee -a "$OUT/summary.txt"
 if [ "${TABLE:-1}" != 0 ]; then
-  LD_LIBRARY_PATH=$PWD/build-ab/$CAND:$LD_LIBRARY_PATH timeout 400 build-ab/molora bench lora \
-    >"$OUT/table.txt" 2>&1
+  LD_LIBRARY_PATH=$PWD/build-ab/$CAND:$LD_LIBRARY_PATH timeout "${TABLE_S:-150}" \
+    build-ab/molora bench lora >"$OUT/table.txt" 2>&1
   echo "table rc=$?" | tee -a "$OUT/summary.txt"
 fi
 tail -n 3 "$OUT/gpu_test.txt"
