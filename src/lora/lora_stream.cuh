@@ -74,6 +74,8 @@ Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t 
 template <typename T>
 Status launch_stream_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 
+// (Unnamed: this header is private to the three lora_stream*.cu files, and each gets its own copy
+// of what follows, as when they were one file.)
 namespace {
 
 constexpr int kSlots = kStreamSlots;
