@@ -1,4 +1,4 @@
-// Device helpers shared by the lora kernels (lora.cu, lora_stream_*.cu): 16-bit <-> float
+// Device helpers shared by the lora kernels (lora.cu, lora_stream.cu): 16-bit <-> float
 // conversion per storage type, the 8-element dot product of two 16-byte vectors, and the mask
 // of a row's last vector past rank r.
 #pragma once

@@ -102,7 +102,7 @@ constexpr int kThreads = 256;
 // Dynamic shared memory of a launch (the member list of one group).
 size_t smem_bytes(int mode, int64_t P, int block);
 
-// The stream kernel (lora_stream*.cu): aligned routing with block size <= kStreamMaxBlock.
+// The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
 // Expand: consumer warps plus one producer warp that fills a shared ring of stages. Shrink: every
 // warp feeds its own ring (no producer warp; see lora_stream.cuh). The arithmetic runs on tensor
 // cores. A CTA takes up to stream_max_consumers(op) consumer warps; the planner's default is
@@ -144,7 +144,7 @@ inline int stream_max_stages(Op op, int consumers) {
   return (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
-// (Also the kernels' compile-time tile, ExpandTiles in lora_stream_expand.cu.)
+// (Also the kernels' compile-time tile, ExpandTiles in lora_stream_expand.cuh.)
 #ifdef __CUDACC__
 __host__ __device__
 #endif

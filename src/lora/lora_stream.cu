@@ -1,10 +1,17 @@
-// Host side of the stream kernels (lora_stream.cuh says how they work): the probe setting, the
-// tensor maps and their cache shared by both ops, the timeline probe's buffer, and launch_stream,
-// which sets a launch's divisors and picks the kernel.
+// The stream kernels' translation unit (lora_stream.cuh says how they work): the kernels and their
+// launchers (lora_stream_shrink.cuh, lora_stream_expand.cuh, included here), and the host side:
+// the probe setting, the tensor maps and their cache shared by both ops, the timeline probe's
+// buffer, and launch_stream, which sets a launch's divisors and picks the kernel.
+// One translation unit on purpose: nvcc's register allocation for a kernel depends on the rest of
+// its module. Compiled in a file of its own, the shrink kernel of K a multiple of the piece
+// (KFULL) spilled 24 bytes (ptxas -v; 8 STL in its SASS) and ran 2-4.5% slower on the H200
+// (bench/NOTES.md "lora v0.12"); compiled beside the expand kernels it spills nothing.
 #include <atomic>
 #include <mutex>
 
 #include "lora/lora_stream.cuh"
+#include "lora/lora_stream_expand.cuh"
+#include "lora/lora_stream_shrink.cuh"
 #include "lora/memo_cache.h"
 #include "molora/settings.h"
 

@@ -1,5 +1,5 @@
-// Device code shared by the stream kernels (lora_stream_shrink.cu, lora_stream_expand.cu) and
-// the host side's declarations (lora_stream.cu). How the kernels work:
+// Device code shared by the stream kernels (lora_stream_shrink.cuh, lora_stream_expand.cuh) and
+// the host side's declarations (lora_stream.cu, which includes all three). How the kernels work:
 //
 // The "stream" kernels of aligned routing (block size <= 32): warp-specialised pipelines that
 // stream every weight byte of the call through shared-memory stages filled by bulk asynchronous
@@ -66,7 +66,7 @@ int probe_bits();
 void expand_maps(const KernelArgs& a, ExpandMaps* out);
 // Shrink's tensor map of A (false where none can be made: the kernel copies row by row).
 bool shrink_map(const KernelArgs& a, CUtensorMap* out);
-// The launchers of each kernel (lora_stream_shrink.cu, lora_stream_expand.cu; T = __nv_bfloat16
+// The launchers of each kernel (lora_stream_shrink.cuh, lora_stream_expand.cuh; T = __nv_bfloat16
 // or __half): a plan run() has validated (stream_shape_ok, stream_tile_ok), `a` with the
 // launch's divisors set (launch_stream).
 template <typename T>
@@ -74,8 +74,8 @@ Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t 
 template <typename T>
 Status launch_stream_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 
-// (Unnamed: this header is private to the three lora_stream*.cu files, and each gets its own copy
-// of what follows, as when they were one file.)
+// (Unnamed: this header is private to lora_stream.cu, the one translation unit of the stream
+// kernels.)
 namespace {
 
 constexpr int kSlots = kStreamSlots;

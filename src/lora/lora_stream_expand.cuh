@@ -1,5 +1,8 @@
 // The stream expand kernel (lora_stream.cuh says how the stream kernels work): its producer
 // warp, its consumers (expand_task) and its launcher.
+// Included by lora_stream.cu only (one translation unit: see there).
+#pragma once
+
 #include "lora/lora_stream.cuh"
 
 namespace molora::lora::detail {

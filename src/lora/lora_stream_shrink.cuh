@@ -1,4 +1,7 @@
 // The stream shrink kernel (lora_stream.cuh says how the stream kernels work) and its launcher.
+// Included by lora_stream.cu only (one translation unit: see there).
+#pragma once
+
 #include "lora/lora_stream.cuh"
 
 namespace molora::lora::detail {
