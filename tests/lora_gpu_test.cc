@@ -421,6 +421,62 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  // Early inputs (Plan::early_inputs: the routing, ranks, scales and weights read before the wait
+  // for the kernel before): the chain reads t right after the shrink wrote it, and a second
+  // expand reads y right after the first wrote it, so an activation read before the wait would
+  // show as a wrong t or a lost first delta. Eager and from a graph, the same bits as without.
+  {
+    struct ResetEarly {
+      ~ResetEarly() { molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt); }
+    } reset_early;
+    auto twice = [&]() {  // the chain, then the expand once more on its own output
+      Status a = chain();
+      Status b = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p, ge.routing(),
+                        ge.out.p, s);
+      return a.ok() ? b : a;
+    };
+    molora::set_setting("MOLORA_LORA_PDL", "0");
+    gs.out.set(ds.out), ge.out.set(de.out);
+    ASSERT_TRUE(twice().ok());
+    CK(cudaStreamSynchronize(s));
+    const std::vector<uint16_t> y2_ref = ge.out.get();
+    EXPECT_NE(y2_ref, y_ref);  // (the second delta changed y)
+    molora::set_setting("MOLORA_LORA_PDL", "1");
+    molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "1");
+    Plan pl;
+    ASSERT_TRUE(plan(de.pb, &pl).ok());
+    ASSERT_TRUE(pl.early_inputs) << pl.to_string();
+    for (int rep = 0; rep < 3; ++rep) {
+      gs.out.set(ds.out), ge.out.set(de.out);
+      ASSERT_TRUE(twice().ok());
+      CK(cudaStreamSynchronize(s));
+      EXPECT_EQ(gs.out.get(), t_ref) << "early, eager " << rep;
+      EXPECT_EQ(ge.out.get(), y2_ref) << "early, eager " << rep;
+    }
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    st = twice();
+    CK(cudaStreamEndCapture(s, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      gs.out.set(ds.out), ge.out.set(de.out);
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      EXPECT_EQ(gs.out.get(), t_ref) << "early, replay " << rep;
+      EXPECT_EQ(ge.out.get(), y2_ref) << "early, replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // and against the fp64 reference, for both ops at a decode and a larger batch
+    for (Op op : {Op::kShrink, Op::kExpand}) {
+      Case c;
+      c.op = op, c.routing = RoutingKind::kAligned, c.T = 8, c.k = 8, c.S = 8, c.E = 160;
+      c.r_max = 32, c.dim = op == Op::kShrink ? 2048 : 1536, c.block = 16;
+      check_case(c, rng);
+      c.T = 64;
+      check_case(c, rng);
+    }
+  }
   cudaStreamDestroy(s);
 }
 

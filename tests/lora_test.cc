@@ -324,6 +324,66 @@ TEST(LoraPlan, DependentLaunchChoice) {
   EXPECT_NE(st.message().find("MOLORA_LORA_PDL"), std::string::npos) << st.message();
 }
 
+// Early inputs (the stream kernels read the routing, ranks, scales and weights before waiting for
+// the kernel before them): off unless asked for (PlanOptions::early_inputs, or the setting when
+// the option is -1), and only on a stream plan with dependent launch (else there is no wait to
+// read before). Bad values are errors naming the option or the setting. The plan says so.
+TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
+  struct Reset {
+    ~Reset() {
+      molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
+      molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
+    }
+  } reset;
+  Problem pb = seed_expand_aligned();
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  ASSERT_EQ(pl.kernel, "stream");
+  EXPECT_FALSE(pl.early_inputs);  // default off
+  EXPECT_NE(pl.to_json().find("\"early_inputs\":false"), std::string::npos);
+  o.early_inputs = 1;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_TRUE(pl.early_inputs);
+  EXPECT_NE(pl.to_string().find(" early-inputs"), std::string::npos) << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"early_inputs\":true"), std::string::npos);
+  Problem sh = pb;
+  sh.op = Op::kShrink, sh.K = 6144, sh.N = 0;
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_TRUE(pl.early_inputs);
+  o.kernel = "grid";  // no early read in the grid kernels
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.early_inputs);
+  EXPECT_EQ(pl.to_string().find("early-inputs"), std::string::npos) << pl.to_string();
+  o.kernel.clear();
+  molora::set_setting("MOLORA_LORA_PDL", "0");  // no dependent launch: nothing to read before
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.early_inputs);
+  molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
+  o.early_inputs = 0;  // the option wins over the setting
+  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "1");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.early_inputs);
+  o.early_inputs = -1;  // the setting
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_TRUE(pl.early_inputs);
+  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "0");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.early_inputs);
+  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "yes");
+  Status st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("MOLORA_LORA_EARLY_INPUTS"), std::string::npos) << st.message();
+  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
+  o.early_inputs = 2;
+  st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("early_inputs"), std::string::npos) << st.message();
+}
+
 TEST(LoraPlan, StreamKernelChoice) {
   Problem pb = seed_expand_aligned();
   PlanOptions o;

@@ -94,6 +94,14 @@ struct Plan {
   // MOLORA_LORA_PDL: "" = where it measured faster (the stream kernels and grid expand), "1" =
   // always, "0" = never.
   bool pdl = false;
+  // Stream kernels with pdl only: the routing, ranks, scales and weights are read (and the first
+  // weight copies issued) before the wait for the kernel before, the activations (x, t, y) read
+  // and the outputs written only after it, so that the call's start overlaps that kernel's end.
+  // Valid only where nothing that may still be running writes the routing, ranks, scales or
+  // weights (e.g. align ran before the base expert GEMM that precedes this call; the pool's
+  // weights were loaded before the step). Off unless asked for: PlanOptions::early_inputs or
+  // MOLORA_LORA_EARLY_INPUTS=1.
+  bool early_inputs = false;
   std::string to_string() const;
   std::string to_json() const;
 };
@@ -112,6 +120,8 @@ struct PlanOptions {
   std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;
+  // Plan::early_inputs: -1 = MOLORA_LORA_EARLY_INPUTS ("" or "0": off, "1": on), 0 off, 1 on.
+  int early_inputs = -1;
 };
 
 // Checks the Problem (sizes, r_max, alignment) and fills `out`. MOLORA_LOG=plan logs each new

@@ -38,6 +38,10 @@ const std::vector<SettingInfo>& registered_settings() {
        "programmatic dependent launch of the LoRA kernels (sm_90: a call's launch overlaps the "
        "kernel before it): empty = where it measured faster (stream kernels, grid expand), 1 = "
        "always, 0 = never"},
+      {"MOLORA_LORA_EARLY_INPUTS", "",
+       "1 = the stream LoRA kernels read the routing, ranks, scales and weights before waiting "
+       "for the kernel before them (only where nothing still running writes those); empty or 0 "
+       "= off"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
        "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map)"},

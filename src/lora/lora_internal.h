@@ -69,7 +69,8 @@ struct KernelArgs {
   int64_t sorted_len = 0;
   int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
-  int dbg = 0;  // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
+  int dbg = 0;    // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
+  int early = 0;  // stream kernels: Plan::early_inputs
   // Stream kernels' timeline probe (set_stream_trace; nullptr in normal use): kTraceWords words
   // per CTA, at trace + blockIdx.x * kTraceWords.
   unsigned long long* trace = nullptr;

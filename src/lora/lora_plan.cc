@@ -194,6 +194,19 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (pdl != "" && pdl != "0" && pdl != "1")
     return Status::InvalidArgument("MOLORA_LORA_PDL must be empty, 0 or 1, got '" + pdl + "'");
   pl.pdl = pdl == "1" || (pdl.empty() && (stream || pb.op == Op::kExpand));
+  // Early inputs: only the caller knows that nothing still running writes them (Plan).
+  int early = opt.early_inputs;
+  if (early < 0) {
+    const std::string e = get_setting("MOLORA_LORA_EARLY_INPUTS");
+    if (e != "" && e != "0" && e != "1")
+      return Status::InvalidArgument("MOLORA_LORA_EARLY_INPUTS must be empty, 0 or 1, got '" + e +
+                                     "'");
+    early = e == "1" ? 1 : 0;
+  } else if (early > 1) {
+    return Status::InvalidArgument("PlanOptions::early_inputs must be -1, 0 or 1, got " +
+                                   std::to_string(early));
+  }
+  pl.early_inputs = early == 1 && stream && pl.pdl;
 
   // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
   // min(P, V) (every pair its own virtual expert; plain-pairs: every pair).
@@ -333,7 +346,7 @@ std::string Plan::to_string() const {
   o << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
     << "x" << threads << " (" << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes"
     << (bytes_exact ? "=" : "<=") << bytes << " floor=" << floor_us << "us@" << bandwidth_gbps
-    << "GB/s" << (pdl ? " pdl" : "");
+    << "GB/s" << (pdl ? " pdl" : "") << (early_inputs ? " early-inputs" : "");
   return o.str();
 }
 
@@ -358,7 +371,8 @@ std::string Plan::to_json() const {
                       {"bytes_exact", bytes_exact},
                       {"bandwidth_gbps", bandwidth_gbps},
                       {"floor_us", floor_us},
-                      {"pdl", pdl}};
+                      {"pdl", pdl},
+                      {"early_inputs", early_inputs}};
   return j.dump();
 }
 

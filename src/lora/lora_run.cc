@@ -22,7 +22,8 @@ Status cached_plan(const Problem& pb, Plan* out) {
       << pb.top_k << ':' << pb.num_slots << ':' << pb.num_experts << ':' << pb.r_max << ':' << pb.K
       << ':' << pb.N << ':' << static_cast<int>(pb.routing) << ':' << pb.block_size << ':'
       << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG") << ':'
-      << get_setting("MOLORA_LORA_KERNEL") << ':' << get_setting("MOLORA_LORA_PDL");
+      << get_setting("MOLORA_LORA_KERNEL") << ':' << get_setting("MOLORA_LORA_PDL") << ':'
+      << get_setting("MOLORA_LORA_EARLY_INPUTS");
   {
     std::lock_guard<std::mutex> lock(m);
     auto it = cache.find(key.str());

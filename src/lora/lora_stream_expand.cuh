@@ -238,7 +238,10 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     *x.issued = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  // Plan::early_inputs: the routing, ranks, scales and weights are read before the wait for the
+  // kernel before (the producer never waits), t and y read and y written only after it.
+  const bool early = a.early != 0;
+  if (!early) pdl_wait();  // the kernel before this one is done (no-op without the attribute)
   if (threadIdx.x == 0) trace_set(a.trace, 1);
   const SlotCache slots(a, true);  // (ranks and scales in flight beside the loads below)
   TaskIter<Op::kExpand> it(x);     // (its first expert ids load beside num_tokens_post_pad)
@@ -263,6 +266,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   Task cur, nxt;
   bool have = next_mine(cur);
   int p = have ? block_entry(a, cur.g) : -1;
+  if (early) pdl_wait();  // (t and y are read and y written below)
   while (have) {
     const bool have_n = next_mine(nxt);
     const int pn = have_n ? block_entry(a, nxt.g) : -1;

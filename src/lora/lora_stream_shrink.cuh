@@ -54,7 +54,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     for (int v = 0; v < W; ++v) bar_init(ready + v, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  // Plan::early_inputs: the routing, ranks and weights are read before the wait for the kernel
+  // before, x read and t written only after it.
+  const bool early = a.early != 0;
+  if (!early) pdl_wait();  // the kernel before this one is done (no-op without the attribute)
   if (threadIdx.x == 0) trace_set(a.trace, 1);
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     }
   };
   for (int i = 0; i < stages; ++i) issue_next();
+  if (early) pdl_wait();  // (x is read and t written below)
   if (kTrace && a.trace != nullptr && w == 0 && lane == 0) {
     // (Lane 0 waits for the first stage here, so that the piece loop carries no test: its x
     // loads follow the copy instead of preceding it, only while tracing.)

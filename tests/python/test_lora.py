@@ -148,6 +148,26 @@ def test_plan_kernel_choice_by_default():
     assert molora.lora_plan("expand", num_tokens=64, N=2048, **kw)["kernel"] == "grid"
 
 
+def test_plan_early_inputs_only_when_asked():
+    # Off by default; MOLORA_LORA_EARLY_INPUTS=1 turns it on for stream plans with dependent
+    # launch (read when planning, not cached), never for the grid kernel; other values: error.
+    kw = dict(top_k=8, num_slots=8, num_experts=128, r_max=16, routing="aligned",
+              block_size=16, config_path="none")
+    assert molora.lora_plan("expand", num_tokens=8, N=2048, **kw)["early_inputs"] is False
+    try:
+        molora.set_setting("MOLORA_LORA_EARLY_INPUTS", "1")
+        assert molora.lora_plan("expand", num_tokens=8, N=2048, **kw)["early_inputs"] is True
+        assert molora.lora_plan("shrink", num_tokens=8, K=2048, **kw)["early_inputs"] is True
+        g = molora.lora_plan("expand", num_tokens=8, N=2048, kernel="grid", **kw)
+        assert g["early_inputs"] is False
+        molora.set_setting("MOLORA_LORA_EARLY_INPUTS", "on")
+        with pytest.raises(ValueError, match="MOLORA_LORA_EARLY_INPUTS"):
+            molora.lora_plan("expand", num_tokens=8, N=2048, **kw)
+    finally:
+        molora.set_setting("MOLORA_LORA_EARLY_INPUTS", None)
+    assert molora.lora_plan("expand", num_tokens=8, N=2048, **kw)["early_inputs"] is False
+
+
 def test_plan_reports_grid_bytes_floor():
     p = molora.lora_plan("expand", num_tokens=64, top_k=8, num_slots=8, num_experts=160,
                          r_max=32, N=6144, config_path="none", sm_count=132)
