@@ -7,7 +7,7 @@
 # Here, before the call: tools/gpu-check prepare for each variant, tools/probe/ab.sh --stage NAME
 # (the candidate as $CAND, default "pfx"; a build configured with -DMOLORA_LORA_TRACE=ON as
 # "trace"), then cp build-gpu/tests/lora_gpu_test build-ab/ (the candidate's, statically linked).
-# Env: CAND, AB_CASES (ab.sh's), ROUNDS (default 2), AB_PROBE, TL_SHAPES, MEMCHECK_S and TABLE_S
+# Env: CAND, AB_CASES (ab.sh's), ROUNDS (default 2), AB_ENV, TL_SHAPES, MEMCHECK_S and TABLE_S
 # (time limits, default 150 s each), TABLE=0 to skip the table.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.out}
@@ -18,14 +18,15 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee 
 build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/gpu_test.txt" 2>&1
 echo "lora_gpu_test rc=$?" | tee -a "$OUT/summary.txt"
 tools/probe/ab.sh "${ROUNDS:-2}" >"$OUT/ab.txt" 2>&1
-# AB_PROBE: a second pass with MOLORA_LORA_STREAM_PROBE set (its lines labelled "p<bits>"), and
-# the GPU tests once more under it.
-if [ -n "${AB_PROBE:-}" ]; then
-  MOLORA_LORA_STREAM_PROBE=$AB_PROBE tools/probe/ab.sh "${ROUNDS:-2}" 2>&1 |
-    sed "s/^r\([0-9]*\) \([^ ]*\) /r\1 \2+p$AB_PROBE /" >>"$OUT/ab.txt"
-  MOLORA_LORA_STREAM_PROBE=$AB_PROBE build-ab/lora_gpu_test --gtest_brief=1 \
-    >"$OUT/gpu_test_p$AB_PROBE.txt" 2>&1
-  echo "lora_gpu_test with probe $AB_PROBE rc=$?" | tee -a "$OUT/summary.txt"
+# AB_ENV (e.g. "MOLORA_LORA_EARLY_INPUTS=1"): a second pass with those settings (its lines
+# labelled "<variant>+env"), and the GPU tests once more under them.
+if [ -n "${AB_ENV:-}" ]; then
+  # shellcheck disable=SC2086
+  env $AB_ENV tools/probe/ab.sh "${ROUNDS:-2}" 2>&1 |
+    sed "s/^r\([0-9]*\) \([^ ]*\) /r\1 \2+env /" >>"$OUT/ab.txt"
+  # shellcheck disable=SC2086
+  env $AB_ENV build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/gpu_test_env.txt" 2>&1
+  echo "lora_gpu_test with $AB_ENV rc=$?" | tee -a "$OUT/summary.txt"
 fi
 if [ -d build-ab/trace ]; then
   M=build-ab/molora LIB=build-ab/trace SHAPES=${TL_SHAPES:-"N6144_r32_V160x8 N2048_r16_V128x8"} \
@@ -43,5 +44,4 @@ fi
 tail -n 3 "$OUT/gpu_test.txt"
 grep -h SUMMARY "$OUT/table.txt" 2>/dev/null | tail -n 20
 # The A/B: one line per case and variant, rounds side by side.
-sort -k3,3 -k4,4 -k5,5 -k2,2 -k1,1 "$OUT/ab.txt" | awk '{print $1, $2, $3, $4, $5, $6, $7, $8}' |
-  column -t
+sort -k3,3 -k4,4 -k5,5 -k2,2 -k1,1 "$OUT/ab.txt" | awk '{print $1, $2, $3, $4, $5, $8, $9}'
