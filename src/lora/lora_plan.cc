@@ -22,6 +22,15 @@
 namespace molora::lora {
 namespace {
 
+// A switch setting: "" leaves *out as it is (the default), "0" / "1" set it; anything else is an
+// error naming the setting.
+Status switch_setting(const char* name, int* out) {
+  const std::string v = get_setting(name);
+  if (v == "0" || v == "1") *out = v == "1" ? 1 : 0;
+  if (v.empty() || v == "0" || v == "1") return Status::Ok();
+  return Status::InvalidArgument(std::string(name) + " must be empty, 0 or 1, got '" + v + "'");
+}
+
 std::mutex& mu() {
   static std::mutex m;
   return m;
@@ -190,18 +199,13 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // Programmatic dependent launch where it measured faster on the H200 (bench/NOTES.md "lora
   // v0.7": 0.5-1 us per call on the stream kernels and grid expand; grid shrink at T=1 was up to
   // 0.8 us slower with it).
-  const std::string pdl = get_setting("MOLORA_LORA_PDL");
-  if (pdl != "" && pdl != "0" && pdl != "1")
-    return Status::InvalidArgument("MOLORA_LORA_PDL must be empty, 0 or 1, got '" + pdl + "'");
-  pl.pdl = pdl == "1" || (pdl.empty() && (stream || pb.op == Op::kExpand));
+  int pdl = -1;
+  MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_PDL", &pdl));
+  pl.pdl = pdl == 1 || (pdl < 0 && (stream || pb.op == Op::kExpand));
   // Early inputs: only the caller knows that nothing still running writes them (Plan).
   int early = opt.early_inputs;
   if (early < 0) {
-    const std::string e = get_setting("MOLORA_LORA_EARLY_INPUTS");
-    if (e != "" && e != "0" && e != "1")
-      return Status::InvalidArgument("MOLORA_LORA_EARLY_INPUTS must be empty, 0 or 1, got '" + e +
-                                     "'");
-    early = e == "1" ? 1 : 0;
+    MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_EARLY_INPUTS", &early));
   } else if (early > 1) {
     return Status::InvalidArgument("PlanOptions::early_inputs must be -1, 0 or 1, got " +
                                    std::to_string(early));
