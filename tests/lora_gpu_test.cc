@@ -405,22 +405,27 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   CK(cudaStreamSynchronize(s));
   EXPECT_EQ(gs.out.get(), t_ref);
   EXPECT_EQ(ge.out.get(), y_ref) << "eager chain";
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  Status st = chain();
-  CK(cudaStreamEndCapture(s, &graph));
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) {
-    gs.out.set(ds.out), ge.out.set(de.out);
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaStreamSynchronize(s));
-    EXPECT_EQ(gs.out.get(), t_ref) << "replay " << rep;
-    EXPECT_EQ(ge.out.get(), y_ref) << "replay " << rep;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  // Captures fn into a graph and replays it three times from the poisoned outputs: t and y are
+  // t_ref and y_want each time.
+  auto replays_match = [&](auto&& fn, const std::vector<uint16_t>& y_want, const char* what) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    Status st = fn();
+    CK(cudaStreamEndCapture(s, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      gs.out.set(ds.out), ge.out.set(de.out);
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      EXPECT_EQ(gs.out.get(), t_ref) << what << "replay " << rep;
+      EXPECT_EQ(ge.out.get(), y_want) << what << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  };
+  replays_match(chain, y_ref, "");
   // Early inputs (Plan::early_inputs: the routing, ranks, scales and weights read before the wait
   // for the kernel before): the chain reads t right after the shrink wrote it, and a second
   // expand reads y right after the first wrote it, so an activation read before the wait would
@@ -453,20 +458,7 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
       EXPECT_EQ(gs.out.get(), t_ref) << "early, eager " << rep;
       EXPECT_EQ(ge.out.get(), y2_ref) << "early, eager " << rep;
     }
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    st = twice();
-    CK(cudaStreamEndCapture(s, &graph));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
-      gs.out.set(ds.out), ge.out.set(de.out);
-      CK(cudaGraphLaunch(exec, s));
-      CK(cudaStreamSynchronize(s));
-      EXPECT_EQ(gs.out.get(), t_ref) << "early, replay " << rep;
-      EXPECT_EQ(ge.out.get(), y2_ref) << "early, replay " << rep;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    replays_match(twice, y2_ref, "early, ");
     // and against the fp64 reference, for both ops at a decode and a larger batch
     for (Op op : {Op::kShrink, Op::kExpand}) {
       Case c;
