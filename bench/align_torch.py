@@ -11,31 +11,7 @@ import time
 import torch
 
 import molora
-
-
-def torch_align(topk_ids, V, B):
-    numel = topk_ids.numel()
-    dev = topk_ids.device
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    key = torch.where((flat >= 0) & (flat < V), flat, V)
-    order = torch.argsort(key, stable=True)
-    counts = torch.bincount(key, minlength=V + 1)[:V]
-    padded = (counts + B - 1) // B * B
-    offsets = torch.cumsum(padded, 0) - padded
-    ustart = torch.cumsum(counts, 0) - counts
-    L = numel + V * (B - 1)
-    sorted_ids = torch.full((L,), numel, dtype=torch.int32, device=dev)
-    sk = key[order]
-    keep = sk < V
-    skc = sk.clamp(max=V - 1)
-    rank = torch.arange(numel, device=dev) - ustart[skc]
-    pos = offsets[skc] + rank
-    sorted_ids[pos[keep]] = order[keep].to(torch.int32)
-    expert_ids = torch.full((-(-L // B),), -1, dtype=torch.int32, device=dev)
-    blocks = torch.repeat_interleave(torch.arange(V, device=dev, dtype=torch.int32), padded // B)
-    expert_ids[: blocks.numel()] = blocks
-    post = padded.sum().to(torch.int32).reshape(1)
-    return sorted_ids, expert_ids, post
+from molora._demo_gpu import torch_align  # the baseline, shared with the demo
 
 
 def time_torch(ids, V, B, n=20):

@@ -1,5 +1,6 @@
 """MoE-LoRA expand: molora against a Triton kernel of the fused_moe structure (BLOCK_M=64,
-BLOCK_N=64: the configuration engines fall back to without a tuned entry), timed in the same run
+BLOCK_N=64: the configuration engines fall back to without a tuned entry; the kernel is
+molora._demo_gpu.triton_kernels()'s, shared with the demo), timed in the same run
 as CUDA-graph replays over rotating routings (so weights come from HBM, not L2).
 
 Prints the table last and SUMMARY lines. Needs torch with CUDA, triton and the molora package.
@@ -12,49 +13,18 @@ import numpy as np
 
 try:
     import torch
-    import triton
-    import triton.language as tl
 except ImportError as e:  # pragma: no cover
     print(f"SUMMARY lora triton baseline skipped: {e}")
     sys.exit(0)
 
 import molora
+from molora._demo_gpu import capture, copy_gbps, time_graph, triton_kernels
 
 SHAPES = [("N6144_r32_V160x8", 6144, 32, 160, 8), ("N2048_r16_V128x8", 2048, 16, 128, 8),
           ("N7168_r32_V256x4", 7168, 32, 256, 4), ("N4096_r32_V128x8", 4096, 32, 128, 8)]
 TS = [1, 8, 32, 64, 128, 256]
 K_TOP = 8
 ROT = 16
-
-
-@triton.jit
-def fused_moe_lora_expand(t_ptr, b_ptr, y_ptr, scale_ptr, sorted_ptr, eids_ptr, ntpp_ptr,
-                          P, N, E, R: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    # fused_moe grid: one program per (block of BLOCK_M sorted pairs, BLOCK_N output columns),
-    # sized for the worst-case padded length.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
-        return
-    v = tl.load(eids_ptr + pid_m)
-    if v < 0:
-        return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m)
-    mmask = pair < P
-    offs_r = tl.arange(0, R)
-    a = tl.load(t_ptr + pair[:, None] * R + offs_r[None, :], mask=mmask[:, None], other=0.0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
-    b = tl.load(b_ptr + v.to(tl.int64) * N * R + offs_n[None, :] * R + offs_r[:, None],
-                mask=nmask[None, :], other=0.0)
-    acc = tl.dot(a, b)
-    scale = tl.load(scale_ptr + v // E)
-    yp = y_ptr + pair[:, None] * N + offs_n[None, :]
-    m2 = mmask[:, None] & nmask[None, :]
-    y = tl.load(yp, mask=m2, other=0.0).to(tl.float32)
-    tl.store(yp, (y + scale * acc).to(y_ptr.dtype.element_ty), mask=m2)
 
 
 def routing(T, S, E, none_frac, rng):
@@ -92,49 +62,24 @@ def must_move(topk, slot, E, N, r):
 
 
 def graph_time(fn, reps=8):
-    fn()  # compile / warm
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / (reps * ROT)
-
-
-def copy_gbps():
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(10):
-        b.copy_(a)
-    e1.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (e0.elapsed_time(e1) * 1e-3) / 1e9
+    """µs per call: fn (ROT calls) captured into one CUDA graph, replayed `reps` times."""
+    g = capture(torch, fn, torch.cuda.Stream())
+    return time_graph(torch, g, reps) / ROT
 
 
 def main():
     dev = "cuda"
-    bw = copy_gbps()
+    kern, why = triton_kernels()
+    if kern is None:
+        print(f"SUMMARY lora triton baseline skipped: {why}")
+        return
+    _, triton_expand = kern
+    bw = copy_gbps(torch, 1 << 30, 10)
     rows, summary = [], []
     hdr = (f"{'shape':18s} {'T':>4s} {'none':>5s} {'floor_us':>9s} {'molora_us':>10s} "
            f"{'%copy':>6s} {'aligned_us':>10s} {'triton_us':>10s} {'speedup':>8s} "
            f"{'maxdiff':>8s}")
     for name, N, r, E, S in SHAPES:
-        V = S * E
         Bw = (torch.randn(S, E, N, r, device=dev) * 0.1).to(torch.bfloat16)
         scales = torch.full((S,), 0.5, device=dev)
         ranks = torch.full((S,), r, dtype=torch.int32, device=dev)
@@ -172,10 +117,7 @@ def main():
 
                 def run_triton():
                     for s in sets:
-                        srt, eids, ntpp = s["s64"]
-                        grid = (eids.numel(), triton.cdiv(N, 64))
-                        fused_moe_lora_expand[grid](t, Bw, y, scales, srt, eids, ntpp, P, N, E,
-                                                    R=r, BLOCK_M=64, BLOCK_N=64)
+                        triton_expand(t, Bw, y, scales, *s["s64"], E)
 
                 # correctness of both against each other on one routing
                 s0 = sets[0]
@@ -183,9 +125,7 @@ def main():
                 molora.lora_expand(t, Bw, y, s0["topk"], s0["slot"], ranks=ranks, scales=scales)
                 y_m = y.float().clone()
                 y.zero_()
-                srt, eids, ntpp = s0["s64"]
-                fused_moe_lora_expand[(eids.numel(), triton.cdiv(N, 64))](
-                    t, Bw, y, scales, srt, eids, ntpp, P, N, E, R=r, BLOCK_M=64, BLOCK_N=64)
+                triton_expand(t, Bw, y, scales, *s0["s64"], E)
                 diff = (y.float() - y_m).abs().max().item()
                 um = graph_time(run_molora)
                 ua = graph_time(run_aligned)
@@ -202,7 +142,7 @@ def main():
                                    f"BLOCK_M=64/N=64: molora plain {um:.1f} us ({ut / um:.1f}x), "
                                    f"aligned {ua:.1f} us ({ut / ua:.1f}x), triton {ut:.1f} us "
                                    f"(target >=4x) {'MET' if ok else 'MISSED'}")
-        del Bw
+        Bw = None  # (freed before the next shape's weights)
         torch.cuda.empty_cache()
     print(f"copy bandwidth (device-to-device, read+write): {bw:.0f} GB/s")
     print("expand, bf16, top-8, Zipf slots; molora = plain routing, aligned = molora on the "

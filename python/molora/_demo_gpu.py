@@ -15,9 +15,9 @@ import molora
 
 from .demo import TOL_GPU, find_cli, lora_plans, part_bytes
 
-def _torch_align(vids, V, B):
-    """Torch-only moe_align_block_size (argsort/bincount/cumsum, as engines fall back to; the
-    same as bench/align_torch.py). vids int [T, k] of virtual ids, -1 = no bucket."""
+def torch_align(vids, V, B):
+    """Torch-only moe_align_block_size (argsort/bincount/cumsum, as engines fall back to; also
+    the baseline of bench/align_torch.py). vids int [T, k] of virtual ids, -1 = no bucket."""
     import torch
 
     numel = vids.numel()
@@ -44,8 +44,10 @@ def _torch_align(vids, V, B):
     return sorted_ids, expert_ids, post
 
 
-def _triton_kernels():
-    """(shrink, expand) Triton kernels of the fused_moe structure, or (None, reason)."""
+def triton_kernels():
+    """((shrink, expand), None): host wrappers of Triton kernels of the fused_moe structure
+    (BLOCK_M=64, BLOCK_K / BLOCK_N=64, one program per block of sorted pairs; also the baseline
+    of bench/lora_triton.py), or (None, reason) where triton is missing or fails to build."""
     try:
         import triton  # noqa: F401
     except ImportError as e:
@@ -93,7 +95,8 @@ def _define_triton():
     def fused_moe_lora_expand(t_ptr, b_ptr, y_ptr, scale_ptr, sorted_ptr, eids_ptr, ntpp_ptr,
                               P, N, E, R: tl.constexpr, BLOCK_M: tl.constexpr,
                               BLOCK_N: tl.constexpr):
-        # as bench/lora_triton.py: one program per (block of pairs, BLOCK_N output columns)
+        # one program per (block of BLOCK_M sorted pairs, BLOCK_N output columns), the grid
+        # sized for the worst-case padded length
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
@@ -134,21 +137,22 @@ def _define_triton():
     return shrink, expand
 
 
-def _copy_gbps(torch) -> float:
-    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+def copy_gbps(torch, nbytes: int = 1 << 28, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth (read + write bytes per second, GB/s) of torch's copy_."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     b.copy_(a)
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
-    for _ in range(20):
+    for _ in range(reps):
         b.copy_(a)
     e1.record()
     torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (e0.elapsed_time(e1) * 1e-3) / 1e9
+    return 2 * a.numel() * reps / (e0.elapsed_time(e1) * 1e-3) / 1e9
 
 
-def _capture(torch, fn, stream):
+def capture(torch, fn, stream):
     """fn captured into a CUDA graph on `stream` (after one eager warm-up run there)."""
     stream.wait_stream(torch.cuda.current_stream())  # weights, uploads, earlier parts
     with torch.cuda.stream(stream):
@@ -161,7 +165,8 @@ def _capture(torch, fn, stream):
     return g
 
 
-def _time_graph(torch, g, reps) -> float:
+def time_graph(torch, g, reps) -> float:
+    """µs per replay of graph g: one warm-up replay, then `reps` timed between two events."""
     g.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -288,9 +293,9 @@ def run_gpu(args, ctx) -> dict:
             fn()
 
     stream = torch.cuda.Stream()
-    bw = _copy_gbps(torch)
+    bw = copy_gbps(torch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    g_step = _capture(torch, step, stream)
+    g_step = capture(torch, step, stream)
     g_step.replay()
     torch.cuda.synchronize()
     y = b["y"].float().cpu().numpy()
@@ -307,11 +312,11 @@ def run_gpu(args, ctx) -> dict:
     plans = lora_plans(args, T, H, I, E, k, S, r_max, topk_ids, slots_np, ctx["ranks_list"],
                        "bf16", bw, sms)
     for name, fn in parts:
-        us = _time_graph(torch, _capture(torch, fn, stream), reps)
+        us = time_graph(torch, capture(torch, fn, stream), reps)
         fl = plans[name]["floor_us"] if name in plans else None
         rows.append(dict(part=name, us=us, bytes=part_bytes(name, ctx, plans, 2), floor_us=fl))
     rows.append(dict(part="all-reduce (world 1: pass-through)", us=0.0, bytes=0, floor_us=None))
-    total = _time_graph(torch, g_step, reps)
+    total = time_graph(torch, g_step, reps)
     res = dict(device=torch.cuda.get_device_name(), y=y, ref=ref, tol=TOL_GPU, rows=rows,
                total_us=total, total_note=f"whole step, one CUDA graph, {reps} replays",
                plans=plans, copy_gbps=bw)
@@ -343,16 +348,16 @@ def run_gpu_baseline(torch, args, ctx, b, parts, al, stream, reps, w, ref) -> di
 
     # torch align: eager (it synchronises with the host), wall time per call
     for _ in range(3):
-        _torch_align(vids(), V, 64)
+        torch_align(vids(), V, 64)
     torch.cuda.synchronize()
     n = 20
     t0 = time.perf_counter()
     for _ in range(n):
-        al64 = _torch_align(vids(), V, 64)
+        al64 = torch_align(vids(), V, 64)
     torch.cuda.synchronize()
     out["align (molora, V=S*E)"] = (time.perf_counter() - t0) * 1e6 / n
     out["note"].append("align: torch-only (argsort/bincount/cumsum), eager wall time, B=64")
-    kern, why = _triton_kernels()
+    kern, why = triton_kernels()
     r_max = w["A_g"].shape[2]
     if kern is None or r_max < 16:
         out["note"].append("LoRA: Triton column skipped: " +
@@ -392,10 +397,10 @@ def _triton_baseline(torch, ctx, b, parts, stream, reps, w, ref, kern, al64, out
     yb = b["y"].float().cpu().numpy()
     out["max_err"] = float(np.abs(yb - ref).max() / max(np.abs(ref).max(), 1e-30))
     step = [fn for _, fn in ordered]
-    g = _capture(torch, lambda: [f() for f in step], stream)
-    out["total_graph_us"] = _time_graph(torch, g, reps)
+    g = capture(torch, lambda: [f() for f in step], stream)
+    out["total_graph_us"] = time_graph(torch, g, reps)
     for nm, fn in tri.items():
-        out[nm] = _time_graph(torch, _capture(torch, fn, stream), reps)
+        out[nm] = time_graph(torch, capture(torch, fn, stream), reps)
     out["note"].append("LoRA: Triton fused_moe structure, BLOCK_M=64 BLOCK_N/K=64, graph replay")
 
 
