@@ -208,18 +208,20 @@ TEST(LoraCpu, HalfAndBf16Conversions) {
 }
 
 namespace {
-// The issue's seed expand shape, plain routing: N=6144, r=32, 8 slots x 160 experts, T=64, k=8.
-Problem seed_expand_problem() {
+// A problem of plain routing, top-8, 8 slots: `dim` is N for expand, K for shrink.
+Problem problem(Op op, int64_t num_tokens, int num_experts, int r_max, int64_t dim) {
   Problem pb;
-  pb.op = Op::kExpand;
-  pb.num_tokens = 64;
+  pb.op = op;
+  pb.num_tokens = num_tokens;
   pb.top_k = 8;
   pb.num_slots = 8;
-  pb.num_experts = 160;
-  pb.r_max = 32;
-  pb.N = 6144;
+  pb.num_experts = num_experts;
+  pb.r_max = r_max;
+  (op == Op::kExpand ? pb.N : pb.K) = dim;
   return pb;
 }
+// The issue's seed expand shape, plain routing: N=6144, r=32, 8 slots x 160 experts, T=64, k=8.
+Problem seed_expand_problem() { return problem(Op::kExpand, 64, 160, 32, 6144); }
 // The same on the align layout: blocks of 16 pairs, sorted_len for P = 512 and V = 1280.
 Problem seed_expand_aligned() {
   Problem pb = seed_expand_problem();
@@ -564,14 +566,7 @@ TEST(LoraPlan, StreamLayoutFitsEveryAcceptedShape) {
 }
 
 TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
-  Problem pb;
-  pb.op = Op::kShrink;
-  pb.num_tokens = 1;
-  pb.top_k = 8;
-  pb.num_slots = 8;
-  pb.num_experts = 256;
-  pb.r_max = 32;
-  pb.K = 7168;
+  Problem pb = problem(Op::kShrink, 1, 256, 32, 7168);
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
@@ -614,14 +609,7 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
       {"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 4096, "r_max": 16,
        "p_max": 512, "tile": 64}]})";
   }
-  Problem pb;
-  pb.op = Op::kExpand;
-  pb.num_tokens = 8;
-  pb.top_k = 8;
-  pb.num_slots = 8;
-  pb.num_experts = 128;
-  pb.r_max = 16;
-  pb.N = 2048;
+  Problem pb = problem(Op::kExpand, 8, 128, 16, 2048);
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = path;
