@@ -288,19 +288,7 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, float scale, cons
         const float4 t1 = *reinterpret_cast<const float4*>(s_t + m * ldt + li * 8 + 4);
         float part[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const float2 w0 = Cvt<T>::two(wv[u].x), w1 = Cvt<T>::two(wv[u].y),
-                       w2 = Cvt<T>::two(wv[u].z), w3 = Cvt<T>::two(wv[u].w);
-          float s = w0.x * t0.x;
-          s = fmaf(w0.y, t0.y, s);
-          s = fmaf(w1.x, t0.z, s);
-          s = fmaf(w1.y, t0.w, s);
-          s = fmaf(w2.x, t1.x, s);
-          s = fmaf(w2.y, t1.y, s);
-          s = fmaf(w3.x, t1.z, s);
-          s = fmaf(w3.y, t1.w, s);
-          part[u] = s;
-        }
+        for (int u = 0; u < U; ++u) part[u] = dot8f<T>(wv[u], t0, t1);
         for (int off = lpr >> 1; off > 0; off >>= 1)
 #pragma unroll
           for (int u = 0; u < U; ++u) part[u] += __shfl_xor_sync(~0u, part[u], off);

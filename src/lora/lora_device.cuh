@@ -79,22 +79,28 @@ __device__ __forceinline__ void to8(const uint4& v, float (&f)[8]) {
   f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
 }
 
+// sum_i w[i] * t[i] over the 8 elements of w (16-bit) and t (fp32: t0 = elements 0..3, t1 =
+// 4..7), in element order.
+template <typename T>
+__device__ __forceinline__ float dot8f(const uint4& w, const float4& t0, const float4& t1) {
+  const float2 w0 = Cvt<T>::two(w.x), w1 = Cvt<T>::two(w.y), w2 = Cvt<T>::two(w.z),
+               w3 = Cvt<T>::two(w.w);
+  float s = w0.x * t0.x;
+  s = fmaf(w0.y, t0.y, s);
+  s = fmaf(w1.x, t0.z, s);
+  s = fmaf(w1.y, t0.w, s);
+  s = fmaf(w2.x, t1.x, s);
+  s = fmaf(w2.y, t1.y, s);
+  s = fmaf(w3.x, t1.z, s);
+  s = fmaf(w3.y, t1.w, s);
+  return s;
+}
 // sum_i w[i] * x[i] over the 8 elements, in element order.
 template <typename T>
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  const float2 w0 = Cvt<T>::two(w.x), w1 = Cvt<T>::two(w.y), w2 = Cvt<T>::two(w.z),
-               w3 = Cvt<T>::two(w.w);
   const float2 x0 = Cvt<T>::two(x.x), x1 = Cvt<T>::two(x.y), x2 = Cvt<T>::two(x.z),
                x3 = Cvt<T>::two(x.w);
-  float s = w0.x * x0.x;
-  s = fmaf(w0.y, x0.y, s);
-  s = fmaf(w1.x, x1.x, s);
-  s = fmaf(w1.y, x1.y, s);
-  s = fmaf(w2.x, x2.x, s);
-  s = fmaf(w2.y, x2.y, s);
-  s = fmaf(w3.x, x3.x, s);
-  s = fmaf(w3.y, x3.y, s);
-  return s;
+  return dot8f<T>(w, make_float4(x0.x, x0.y, x1.x, x1.y), make_float4(x2.x, x2.y, x3.x, x3.y));
 }
 
 // The 16-bit lanes of a row's last 16-byte vector that hold elements < r (r % 8 of them, or
