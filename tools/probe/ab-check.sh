@@ -17,13 +17,10 @@ export LD_LIBRARY_PATH=$PWD/build-ab/deplib
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/gpu_test.txt" 2>&1
 echo "lora_gpu_test rc=$?" | tee -a "$OUT/summary.txt"
-tools/probe/ab.sh "${ROUNDS:-2}" >"$OUT/ab.txt" 2>&1
-# AB_ENV (e.g. "MOLORA_LORA_EARLY_INPUTS=1"): a second pass with those settings (its lines
-# labelled "<variant>+env"), and the GPU tests once more under them.
+# AB_ENV (e.g. "MOLORA_LORA_EARLY_INPUTS=1"): every variant also with those settings (ab.sh's
+# ENVS: lines labelled "<variant>+<settings>"), and the GPU tests once more under them.
+ENVS=$'-'${AB_ENV:+$'\n'$AB_ENV} tools/probe/ab.sh "${ROUNDS:-2}" >"$OUT/ab.txt" 2>&1
 if [ -n "${AB_ENV:-}" ]; then
-  # shellcheck disable=SC2086
-  env $AB_ENV tools/probe/ab.sh "${ROUNDS:-2}" 2>&1 |
-    sed "s/^r\([0-9]*\) \([^ ]*\) /r\1 \2+env /" >>"$OUT/ab.txt"
   # shellcheck disable=SC2086
   env $AB_ENV build-ab/lora_gpu_test --gtest_brief=1 >"$OUT/gpu_test_env.txt" 2>&1
   echo "lora_gpu_test with $AB_ENV rc=$?" | tee -a "$OUT/summary.txt"

@@ -4,9 +4,13 @@
 # Here: build each variant's libmolora.so and copy it to build-ab/<name>/libmolora.so.0, the CLI
 # to build-ab/molora and build-gpu/deplib/* to build-ab/deplib (tools/probe/ab.sh --stage NAME
 # does the copies after a `tools/gpu-check prepare`). On the device: for each round, each case
-# runs every variant in turn (interleaved), printing "<variant> <bench line>".
+# runs every variant under every setting in turn (interleaved), printing
+# "r<round> <variant>[+<setting>] <bench line>".
 # Usage: tools/probe/ab.sh [--stage NAME] | [ROUNDS] (default 2; cases in AB_CASES, one per line:
 #   "<op> <shape> <T-list> [more bench flags]")
+# Env: ENVS (settings, one per line, e.g. MOLORA_LORA_EARLY_INPUTS=1; "-" = none; default "-"),
+#   LIBS (library folders to compare instead of build-ab's variants, e.g. build-gpu/src; labelled
+#   by the folder) and M (the CLI; default build-ab/molora).
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = --stage ]; then
   set -e
@@ -20,16 +24,25 @@ fi
 ROUNDS=${1:-2}
 CASES=${AB_CASES:-"shrink N6144_r32_V160x8 1,8,32,64
 expand N6144_r32_V160x8 1,8,32,64"}
-VARIANTS=$(cd build-ab && ls -d */ | tr -d / | grep -v '^deplib$')
+LIBS=${LIBS:-$(cd build-ab && ls -d -- */ | tr -d / | grep -v '^deplib$' | sed 's#^#build-ab/#')}
+M=${M:-build-ab/molora}
+ENVS=${ENVS:-"-"}
 for r in $(seq "$ROUNDS"); do
   while read -r op shape Ts rest; do
     [ -n "$op" ] || continue
-    for v in $VARIANTS; do
-      # shellcheck disable=SC2086
-      LD_LIBRARY_PATH=$PWD/build-ab/$v:$PWD/build-ab/deplib build-ab/molora bench lora \
-        --shape "$shape" --routing aligned --op "$op" --T "$Ts" $rest 2>&1 | grep "us, floor" |
-        sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
-        sed "s/^/r$r $v /"
+    for lib in $LIBS; do
+      v=${lib#build-ab/}
+      while read -r setting; do
+        [ -n "$setting" ] || continue
+        label=$v
+        [ "$setting" = - ] && setting= || label=$v+${setting// /,}
+        # shellcheck disable=SC2086
+        env $setting LD_LIBRARY_PATH="$PWD/$lib:$PWD/build-ab/deplib:$PWD/build-gpu/deplib" "$M" \
+          bench lora --shape "$shape" --routing aligned --op "$op" --T "$Ts" $rest 2>&1 |
+          grep "us, floor" |
+          sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
+          sed "s#^#r$r $label #"
+      done <<< "$ENVS"
     done
   done <<< "$CASES"
 done

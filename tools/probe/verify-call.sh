@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for a session short of device time (device run, carry ["build-gpu", "build-ab"],
 # build-ab/trace holding a -DMOLORA_LORA_TRACE=ON libmolora.so.0): the lora GPU tests under the
-# settings in TEST_ENVS, the same-machine A/B of settings (env-ab.sh: ENVS, AB_CASES), the shrink
-# timeline under each probe setting (TL_PROBES), then `tools/gpu-check run` in the time left
+# settings in TEST_ENVS, the same-machine A/B of settings on build-gpu (ab.sh: ENVS, AB_CASES), the
+# shrink timeline under each probe setting (TL_PROBES), then `tools/gpu-check run` in the time left
 # (CALL_S, default 590 s, minus what the rest took). Everything goes to $OUT (7 files at most).
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-.out}
@@ -16,8 +16,7 @@ while read -r setting; do
   env $setting build-gpu/tests/lora_gpu_test --gtest_brief=1 >>"$OUT/gpu_tests.txt" 2>&1
   echo "lora_gpu_test with $setting rc=$?" | tee -a "$OUT/summary.txt"
 done <<< "${TEST_ENVS:-MOLORA_LORA_EARLY_INPUTS=1}"
-LIB=build-gpu/src M=build-gpu/src/cli/molora ROUNDS=${ROUNDS:-2} tools/probe/env-ab.sh \
-  >"$OUT/envab.txt" 2>&1
+LIBS=build-gpu/src M=build-gpu/src/cli/molora tools/probe/ab.sh "${ROUNDS:-2}" >"$OUT/envab.txt" 2>&1
 if [ -f build-ab/trace/libmolora.so.0 ]; then
   for pr in ${TL_PROBES:-0}; do
     echo "== MOLORA_LORA_STREAM_PROBE=$pr"
