@@ -597,6 +597,48 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   EXPECT_EQ(pl.chunks, 8);
 }
 
+// The grid kernels' heuristic (plain routing, no config) picks, for the seed shapes at T = 1
+// and 8, the tiles that `molora bench lora --tune` measured fastest on both the H100 and the
+// H200 (bench/NOTES.md "lora v0.14"), within 5% where the two GPUs' picks differ.
+TEST(LoraPlan, GridHeuristicTakesTheTunersTiles) {
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  struct Case {
+    Op op;
+    int T, experts, r, dim, tile;
+  };
+  const Case cases[] = {
+      {Op::kExpand, 1, 160, 32, 6144, 256}, {Op::kExpand, 8, 160, 32, 6144, 2048},
+      {Op::kExpand, 1, 256, 32, 7168, 256}, {Op::kExpand, 8, 256, 32, 7168, 2048},
+      {Op::kExpand, 1, 128, 32, 4096, 256}, {Op::kExpand, 8, 128, 32, 4096, 1024},
+      {Op::kExpand, 1, 128, 16, 2048, 512}, {Op::kExpand, 8, 128, 16, 2048, 512},
+      {Op::kShrink, 1, 160, 32, 6144, 1},   {Op::kShrink, 8, 160, 32, 6144, 8},
+      {Op::kShrink, 8, 256, 32, 7168, 8},   {Op::kShrink, 8, 128, 32, 4096, 8},
+      {Op::kShrink, 8, 128, 16, 2048, 4},   {Op::kShrink, 32, 128, 32, 4096, 16},
+  };
+  for (const Case& c : cases) {
+    Problem pb = problem(c.op, c.T, c.experts, c.r, c.dim);
+    Plan pl;
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.source, "heuristic");
+    EXPECT_EQ(pl.tile, c.tile) << pl.variant << " T=" << c.T << " dim=" << c.dim << " r=" << c.r;
+  }
+  // No item below 16 KiB of weights (8192 / r_max rows, at least 64), whatever the SM count.
+  o.sm_count = 100000;
+  for (int r : {8, 16, 32, 64, 128}) {
+    Problem pb = problem(Op::kExpand, 1, 160, r, 6144);
+    Plan pl;
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.tile, std::max(64, 8192 / r)) << r;
+  }
+  // A dimension below that keeps one tile of the whole dimension.
+  Problem pb = problem(Op::kExpand, 1, 160, 16, 136);
+  Plan pl;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.tile, 136);
+}
+
 TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   const std::string path = testing::TempDir() + "lora_tuned_test.json";
   {

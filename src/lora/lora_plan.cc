@@ -224,21 +224,29 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     tile = pb.op == Op::kShrink ? detail::kStreamShrinkRows : detail::stream_expand_tile(pb.r_max);
     unroll = 0;
   } else if (pb.op == Op::kShrink) {
-    // Enough items for every SM to hold a few CTAs; each item as large as that allows (the
-    // per-item cost is finding the group: a few dependent loads). Each of the 8 warps owns rows
-    // of K (tile >= 8); smaller tiles split a row over warps. With P >= 256 pairs the full
-    // 16-row tile wins over splitting rows to fill the SMs: the tuner chose it for 9 of the 10
-    // shrink shapes in configs/lora/nvidia_h200.json, 5-40% faster than the split; smaller
-    // split items re-read their x rows per chunk.
+    // Enough items for one per SM; each item as large as that allows (the per-item cost is
+    // finding the group, a few dependent loads, and re-reading its x row). Each of the 8 warps
+    // owns rows of K (tile >= 8); smaller tiles split a row over warps. With P >= 256 pairs the
+    // full 16-row tile wins over splitting rows to fill the SMs: the tuner chose it for 9 of
+    // the 10 shrink shapes in configs/lora/nvidia_h200.json, 5-40% faster than the split. Below
+    // that, splitting until the items reach 8 per SM (this rule before v0.14) made T=8 1.7-2.4x
+    // slower than the tuners' picks on both GPUs (tile 4 or 8 at r_max 32, 4 at r_max 16: one
+    // to two items per SM); one item per SM is what they chose.
     tile = std::min(16, pb.r_max);
-    while (P < 256 && tile > 1 && est_groups * cdiv(pb.r_max, tile) < 8LL * sms) tile /= 2;
+    while (P < 256 && tile > 1 && est_groups * cdiv(pb.r_max, tile) < sms) tile /= 2;
   } else {
-    // Four passes of 256 threads x 8 16-byte vectors over rows of r_max elements.
+    // Four passes of 256 threads x 8 16-byte vectors over rows of r_max elements; halved
+    // while the items would not reach one per SM, but no item below 16 KiB of weights
+    // (8192 / r_max rows): smaller items pay the group lookup and the load latency for too few
+    // bytes. The tuners (H100 and H200) picked exactly this at T = 1 and 8 on the seed shapes
+    // (tile 256 at r_max 32 and T = 1, 512 at r_max 16); the rule before v0.14 (two items per
+    // SM, down to 64 rows) took 128 and 64 there, 1.1-1.5x slower.
     const int lpr = std::max(1, pow2_ceil(cdiv(pb.r_max, 8)));
     tile = static_cast<int>(
         std::min<int64_t>(4 * 8 * (detail::kThreads / lpr), std::max<int64_t>(8, dim / 8 * 8)));
-    while (tile > 64 && est_groups * cdiv(dim, tile) < 2LL * sms)
-      tile = std::max(64, tile / 16 * 8);
+    const int min_tile = std::max(64, 8192 / pb.r_max / 8 * 8);
+    while (tile > min_tile && est_groups * cdiv(dim, tile) < sms)
+      tile = std::max(min_tile, tile / 16 * 8);
   }
   pl.source = "heuristic";
   std::string cfg = opt.config_path;
