@@ -541,7 +541,7 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
 }
 
 // The token counts the tuner measures; an entry covers the pairs of its count down to the
-// count below (p_min), so a count whose best was the heuristic keeps the heuristic.
+// count below (p_min).
 constexpr int kTuneTs[] = {1, 8, 32, 64, 128, 256};
 int64_t tune_p_min(int T, int k) {
   int64_t prev = 0;
@@ -589,22 +589,23 @@ Status tune(const std::string& path, std::ostream& log) {
                   << r.pct_copy << "% copy)\n";
               if (r.us < best) best = r.us, bt = tile, bu = unroll;
             }
-          // Keep the tuned entry only when it beats the heuristic by more than noise.
+          // The best tile only when it beats the heuristic by more than noise; else the
+          // heuristic's own tile, written down too (`"heuristic": true`), so that the file
+          // keeps what was measured on this GPU when the heuristic changes later.
           const bool keep = best < heur * 0.97;
-          if (keep) {
-            entries.push_back({{"op", op_name(op)},
-                               {"kernel", c.kernel},
-                               {"dtype", "bf16"},
-                               {"routing", routing_name(rk)},
-                               {"dim", sh.dim},
-                               {"r_max", sh.r},
-                               {"p_min", tune_p_min(T, 8)},
-                               {"p_max", T * 8},
-                               {"tile", bt},
-                               {"unroll", bu},
-                               {"us", best},
-                               {"heuristic_us", heur}});
-          }
+          entries.push_back({{"op", op_name(op)},
+                             {"kernel", c.kernel},
+                             {"dtype", "bf16"},
+                             {"routing", routing_name(rk)},
+                             {"dim", sh.dim},
+                             {"r_max", sh.r},
+                             {"p_min", tune_p_min(T, 8)},
+                             {"p_max", T * 8},
+                             {"tile", keep ? bt : ht},
+                             {"unroll", keep ? bu : hu},
+                             {"us", keep ? best : heur},
+                             {"heuristic", !keep},
+                             {"heuristic_us", heur}});
           log << "TUNE " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
               << ": heuristic tile=" << ht << " unroll=" << hu << " " << heur
               << " us, best tile=" << bt << " unroll=" << bu << " " << best << " us"
