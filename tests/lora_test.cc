@@ -283,9 +283,9 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 // The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
 // pipeline stages; the planner takes it for every expand and for shrink with P >= 16 or
 // K <= 2048, grid elsewhere; asking for it where it does not apply, or for knobs it does not have,
-// is an error. Programmatic dependent launch: by default on the stream kernels and grid expand
-// (where it measured faster), never on grid shrink; MOLORA_LORA_PDL=1 / 0 force it; other values
-// are an error naming the setting. The plan says so.
+// is an error. Programmatic dependent launch: on by default on every kernel (measured faster);
+// MOLORA_LORA_PDL=0 / 1 turn it off / on; other values are an error naming the setting. The plan
+// says so.
 TEST(LoraPlan, DependentLaunchChoice) {
   struct Reset {
     ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
@@ -306,9 +306,7 @@ TEST(LoraPlan, DependentLaunchChoice) {
   Problem sh = pb;
   sh.op = Op::kShrink, sh.K = 6144, sh.N = 0;
   ASSERT_TRUE(plan(sh, &pl, o).ok());
-  EXPECT_FALSE(pl.pdl);  // grid shrink
-  EXPECT_EQ(pl.to_string().find(" pdl"), std::string::npos) << pl.to_string();
-  EXPECT_NE(pl.to_json().find("\"pdl\":false"), std::string::npos);
+  EXPECT_TRUE(pl.pdl);  // grid shrink (since v0.14)
   o.kernel.clear();
   ASSERT_TRUE(plan(sh, &pl, o).ok());
   EXPECT_EQ(pl.kernel, "stream");
@@ -316,8 +314,12 @@ TEST(LoraPlan, DependentLaunchChoice) {
   molora::set_setting("MOLORA_LORA_PDL", "0");
   ASSERT_TRUE(plan(sh, &pl, o).ok());
   EXPECT_FALSE(pl.pdl);
-  molora::set_setting("MOLORA_LORA_PDL", "1");
   o.kernel = "grid";
+  ASSERT_TRUE(plan(sh, &pl, o).ok());
+  EXPECT_FALSE(pl.pdl);
+  EXPECT_EQ(pl.to_string().find(" pdl"), std::string::npos) << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"pdl\":false"), std::string::npos);
+  molora::set_setting("MOLORA_LORA_PDL", "1");
   ASSERT_TRUE(plan(sh, &pl, o).ok());
   EXPECT_TRUE(pl.pdl);
   molora::set_setting("MOLORA_LORA_PDL", "yes");

@@ -91,8 +91,7 @@ struct Plan {
   double floor_us = 0;        // bytes / bandwidth
   // Launched with programmatic dependent launch (sm_90): the call's launch and set-up overlap
   // the kernel before it in the stream, whose completion it waits for before touching memory.
-  // MOLORA_LORA_PDL: "" = where it measured faster (the stream kernels and grid expand), "1" =
-  // always, "0" = never.
+  // MOLORA_LORA_PDL: "" or "1" = on (every kernel: it measured faster on each), "0" = never.
   bool pdl = false;
   // Stream kernels with pdl only: the routing, ranks, scales and weights are read (and the first
   // weight copies issued) before the wait for the kernel before, the activations (x, t, y) read

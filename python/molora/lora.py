@@ -105,8 +105,8 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     0 without a GPU), ``threads``, ``smem_bytes``, ``bytes`` that
     must move (exact when ``stats`` gives active_pairs, active_tokens, distinct_pairs,
     distinct_rank8, active_rank8), ``floor_us`` at ``bandwidth_gbps`` (default 4300) and
-    ``pdl`` (launched with programmatic dependent launch: by default the stream kernels and
-    grid expand; MOLORA_LORA_PDL=1 / 0 forces it on / off) and ``early_inputs`` (stream
+    ``pdl`` (launched with programmatic dependent launch: by default every kernel;
+    MOLORA_LORA_PDL=0 turns it off) and ``early_inputs`` (stream
     kernels with pdl: the routing, ranks, scales and weights read before waiting for the kernel
     before; off unless MOLORA_LORA_EARLY_INPUTS=1, valid only where nothing still running
     writes them; docs/lora.md "Early inputs").

@@ -198,12 +198,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                           : aligned ? "aligned"
                                     : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
   pl.variant = std::string(op_name(pb.op)) + "." + mode_name + "." + dtype_name(pb.dtype);
-  // Programmatic dependent launch where it measured faster on the H200 (bench/NOTES.md "lora
-  // v0.7": 0.5-1 us per call on the stream kernels and grid expand; grid shrink at T=1 was up to
-  // 0.8 us slower with it).
+  // Programmatic dependent launch on every kernel (bench/NOTES.md "lora v0.7": 0.5-1 us per call
+  // on the stream kernels and grid expand on the H200). Grid shrink had it off from v0.7, where
+  // T=1 measured up to 0.8 us slower with it, but that T=1 ran the T=8 config entry's tile 8
+  // (the bug p_min fixed); on its own tile 1 it is faster with it ("lora v0.14", H100, 3 rounds:
+  // T=1 N6144 / N7168 / N4096 aligned 5.42 / 5.62 / 5.03 -> 4.89 / 5.10 / 4.49 us, plain the
+  // same; T=8 1-3%). Not re-measured on the H200.
   int pdl = -1;
   MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_PDL", &pdl));
-  pl.pdl = pdl == 1 || (pdl < 0 && (stream || pb.op == Op::kExpand));
+  pl.pdl = pdl != 0;
   // Early inputs: only the caller knows that nothing still running writes them (Plan).
   int early = opt.early_inputs;
   if (early < 0) {

@@ -181,7 +181,7 @@ def test_plan_reports_grid_bytes_floor():
     a = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7168, routing="aligned", block_size=16, config_path="none")
     assert a["variant"] == "shrink.aligned.bf16" and a["kernel"] == "grid" and a["stages"] == 0
-    assert a["pdl"] is False  # grid shrink: no programmatic dependent launch by default
+    assert a["pdl"] is True  # programmatic dependent launch on every kernel by default
     st = molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                           r_max=32, K=7168, routing="aligned", block_size=16, config_path="none",
                           kernel="stream")
