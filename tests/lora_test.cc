@@ -281,9 +281,9 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 }
 
 // The stream kernel (aligned routing, blocks of <= 32 pairs): one CTA per SM, shared-memory
-// pipeline stages; the planner takes it for every expand and for shrink with P >= 16 or
-// K <= 2048, grid elsewhere; asking for it where it does not apply, or for knobs it does not have,
-// is an error. Programmatic dependent launch: on by default on every kernel (measured faster);
+// pipeline stages; the planner takes it for every expand and for shrink with P >= 16, grid
+// elsewhere; asking for it where it does not apply, or for knobs it does not have, is an error.
+// Programmatic dependent launch: on by default on every kernel (measured faster);
 // MOLORA_LORA_PDL=0 / 1 turn it off / on; other values are an error naming the setting. The plan
 // says so.
 TEST(LoraPlan, DependentLaunchChoice) {
@@ -483,21 +483,12 @@ TEST(LoraPlan, StreamKernelChoice) {
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
     q.top_k = pb.top_k;
-    q.K = 4096, q.num_tokens = 2;  // P = 16 at any K
+    q.K = 2048, q.num_tokens = 2;  // P = 16 at any K
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "stream");
     q.num_tokens = 1;  // P = 8
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
-    q.K = 2056;  // past four pieces of 512 columns
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.K = 2048;  // four pieces or fewer: stream at every P (measured faster at T = 1)
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "stream");
-    q.K = 8, q.top_k = 1;  // P = 1
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "stream");
   }
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "shrink.aligned-stream.bf16");

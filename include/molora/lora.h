@@ -114,9 +114,8 @@ struct PlanOptions {
   int force_tile = 0;
   int force_unroll = 0;
   // Kernel: "" = MOLORA_LORA_KERNEL, else the planner's choice (stream for aligned routing with
-  // block size <= 32: every expand, shrink from P = 16 pairs or at K <= 2048; grid otherwise);
-  // "grid" forces the grid kernel; "stream" asks for the stream kernel and is an error where it
-  // does not apply.
+  // block size <= 32: every expand, shrink from P = 16 pairs; grid otherwise); "grid" forces the
+  // grid kernel; "stream" asks for the stream kernel and is an error where it does not apply.
   std::string kernel;
   // Config file to consult; "" = MOLORA_LORA_CONFIG, else configs/lora/<gpu>.json. "none" = skip.
   std::string config_path;

@@ -160,12 +160,13 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // from P >= 16 pairs ("lora v0.11", since the stream shrink loads a warp's first pair ids
   // ahead of its copies: T=2 k=8 K=6144 6.82 vs 6.89 us, K=7168 7.21 vs 8.77, K=4096 5.59 vs
   // 6.05, K=2048 4.43 vs 4.46; T=4 6-18% faster; T=1, P=8, stays on the grid kernel: K=4096
-  // 5.23 vs 4.93 us, K=6144 6.28 vs 5.17, K=7168 6.63 vs 5.29), except where K <= 2048 (four
-  // pieces or fewer per row): there the stream shrink is faster at every P (T=1, P=8, K=2048:
-  // H200 4.39 vs 4.60 us; H100, v0.14, 3.97 vs 4.43; K=4096 on the H100 is a tie, 4.90 vs 4.93).
+  // 5.23 vs 4.93 us, K=6144 6.28 vs 5.17, K=7168 6.63 vs 5.29, only K=2048 4.39 vs 4.60).
+  // With dependent launch on grid shrink too (v0.14), K=2048 T=1 is a tie on the H100 (4.04 vs
+  // 4.04 us) and a call whose slots are all -1 costs 1.42 us on grid against 1.74 on stream, so
+  // K=2048 keeps the grid kernel below 16 pairs as well.
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
   const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
-  const int64_t stream_from = pb.op == Op::kShrink && pb.K > 2048 ? 16 : 0;
+  const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
   if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");

@@ -137,15 +137,13 @@ def test_errors_name_the_argument_and_write_nothing():
 
 
 def test_plan_kernel_choice_by_default():
-    # Aligned routing with blocks <= 32: stream for every expand, for shrink from 16 pairs or
-    # at K <= 2048.
+    # Aligned routing with blocks <= 32: stream for every expand, for shrink from 16 pairs.
     kw = dict(top_k=8, num_slots=8, num_experts=128, r_max=16, routing="aligned",
               block_size=16, config_path="none")
     e = molora.lora_plan("expand", num_tokens=1, N=2048, **kw)
     assert e["kernel"] == "stream" and e["tile"] == 512 and e["pdl"] is True
-    assert molora.lora_plan("shrink", num_tokens=2, K=4096, **kw)["kernel"] == "stream"
-    assert molora.lora_plan("shrink", num_tokens=1, K=4096, **kw)["kernel"] == "grid"
-    assert molora.lora_plan("shrink", num_tokens=1, K=2048, **kw)["kernel"] == "stream"
+    assert molora.lora_plan("shrink", num_tokens=2, K=2048, **kw)["kernel"] == "stream"
+    assert molora.lora_plan("shrink", num_tokens=1, K=2048, **kw)["kernel"] == "grid"
     kw["block_size"] = 64
     assert molora.lora_plan("expand", num_tokens=64, N=2048, **kw)["kernel"] == "grid"
 
