@@ -204,7 +204,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // T=1 measured up to 0.8 us slower with it, but that T=1 ran the T=8 config entry's tile 8
   // (the bug p_min fixed); on its own tile 1 it is faster with it ("lora v0.14", H100, 3 rounds:
   // T=1 N6144 / N7168 / N4096 aligned 5.42 / 5.62 / 5.03 -> 4.89 / 5.10 / 4.49 us, plain the
-  // same; T=8 1-3%). Not re-measured on the H200.
+  // same; T=8 1-3%; H200, same day: T=1 N6144 5.17 -> 4.62, N2048 r16 4.62 -> 4.14, T=8 2-9%).
   int pdl = -1;
   MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_PDL", &pdl));
   pl.pdl = pdl != 0;
