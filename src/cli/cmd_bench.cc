@@ -98,7 +98,8 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
         if (st.ok())
           std::cout << *op << " " << *shape << " T=" << T << " " << *routing << " "
                     << r.plan.variant << " tile=" << r.plan.tile << ": " << r.us << " us, floor "
-                    << r.floor_us << " us, " << r.pct_copy << "% of copy " << copy << " GB/s\n";
+                    << r.floor_us << " us, " << r.pct_copy << "% of copy " << copy
+                    << " GB/s, same-bytes copy " << r.copy_us << " us\n";
         if (st.ok() && c.layers > 0)
           std::cout << "  eager host over " << c.layers << " layers: cold " << r.host_us_cold
                     << " us/call (" << r.encodes_cold << " map encodes/call), warm "

@@ -88,6 +88,10 @@ struct Result {
   int64_t bytes = 0;    // bytes that must move (mean over the rotating routings)
   double gbps = 0;
   double pct_copy = 0;  // of the measured device-to-device copy bandwidth
+  // A device-to-device copy of the same bytes (half read, half written; measure_copy_us), timed
+  // as the call is: what the GPU's own copy pays at this size, launch and ramp included, where
+  // floor_us counts the bytes alone. 0 when no byte must move.
+  double copy_us = 0;
   Plan plan;
   // With Case::layers: host time per eager call (enqueue only, the GPU runs behind), first over
   // the layers with the tensor-map cache emptied (every stream call encodes its maps: what a
@@ -104,6 +108,10 @@ struct Result {
 
 // Device-to-device copy bandwidth (read + write counted), GB/s.
 Status measure_copy_gbps(double* gbps);
+// Time of one cudaMemcpyAsync device-to-device of bytes / 2 (so bytes read + written), us: graph
+// replays like run_case's, each copy on memory no recent copy touched (from HBM, not L2).
+// Measured once per size (4 KiB steps) per process; 0 for bytes <= 0.
+Status measure_copy_us(int64_t bytes, double* us);
 // One empty kernel of one CTA per SM x 384 threads, timed as run_case times a call (graph
 // replays of kRot launches): the launch cost every call pays before it moves a byte, us.
 Status measure_empty_launch_us(double* us);
