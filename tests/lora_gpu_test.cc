@@ -294,19 +294,38 @@ TEST(LoraGpu, PrefillUngroupedPath) {
   }
 }
 
+// Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
+// length), or every slot at rank 0 (tasks, none valid). On every kernel, at T = 1 (fewer tasks
+// than CTAs) and 16.
 TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
   for (Op op : {Op::kShrink, Op::kExpand})
-    for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned}) {
-      Case c;
-      c.op = op, c.routing = rk, c.slots = SlotMode::kAllNone, c.T = 16, c.k = 8;
-      Data d = make_data(c, rng);
-      DevData g(d);
-      ASSERT_TRUE(run_gpu(d, g, nullptr, nullptr).ok());
-      CK(cudaDeviceSynchronize());
-      EXPECT_EQ(g.out.get(), d.out);
-    }
+    for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
+      for (bool rank0 : {false, true})
+        for (int T : {1, 16}) {
+          Case c;
+          c.op = op, c.routing = rk, c.T = T, c.k = 8;
+          c.slots = rank0 ? SlotMode::kZipf : SlotMode::kAllNone;
+          SCOPED_TRACE(c.name() + (rank0 ? " every rank 0" : " every slot -1"));
+          Data d = make_data(c, rng);
+          if (rank0) std::fill(d.ranks.begin(), d.ranks.end(), 0);
+          ASSERT_EQ(run_cpu(d), d.out);  // (the reference moves nothing either)
+          DevData g(d);
+          std::vector<std::string> kernels = {"", "grid"};
+          if (rk == RoutingKind::kAligned) kernels.push_back("stream");
+          for (const std::string& kernel : kernels) {
+            SCOPED_TRACE("kernel '" + kernel + "'");
+            Plan pl;
+            PlanOptions o;
+            o.kernel = kernel;
+            ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+            g.out.set(d.out);
+            ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+            CK(cudaDeviceSynchronize());
+            EXPECT_EQ(g.out.get(), d.out) << pl.to_string();
+          }
+        }
 }
 
 TEST(LoraGpu, GraphCaptureReplaysLikeEager) {

@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
   // Ranks and scales of the first kSlotCache slots in shared memory: one load per CTA instead
   // of a dependent global load between finding a group and its first weight load.
   const bool cached = a.S <= kSlotCache;
-  if (cached) {
+  if (cached && blockIdx.x < n_items) {  // (a CTA without items reads nothing more)
     for (int s = threadIdx.x; s < a.S; s += kThreads) {
       s_rank[s] = min(max(__ldg(a.ranks + s), 0), a.r_max);
       s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;

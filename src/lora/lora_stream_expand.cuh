@@ -252,6 +252,10 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     trace_set(a.trace, 2);
     a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
   }
+  if (x.my_tasks == 0) {  // (as the shrink: a CTA without tasks leaves at once)
+    trace_done(a.trace);
+    return;
+  }
   const int warp = threadIdx.x >> 5;
   if (warp == 0) {
     produce<T>(x, it, maps);
