@@ -294,6 +294,57 @@ TEST(LoraGpu, PrefillUngroupedPath) {
   }
 }
 
+// Plain routing on the grid kernel with many items per CTA: every slot -1, half the tokens
+// without adapter or all with one, from T=1 to P = 2400 pairs, on the default grid and on a
+// 1-SM plan (a few CTAs, each walking thousands of items).
+TEST(LoraGpu, PlainRoutingBatches) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  struct TK {
+    int T, k;
+  };
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (TK tk : {TK{1, 8}, TK{128, 8}, TK{205, 5}, TK{300, 8}})
+      for (SlotMode sm : {SlotMode::kHalfNone, SlotMode::kAllNone, SlotMode::kZipf})
+        for (int sms : {0, 1}) {
+          Case c;
+          c.op = op, c.routing = RoutingKind::kPlain, c.slots = sm, c.T = tk.T, c.k = tk.k;
+          c.S = 6, c.E = 40, c.r_max = 32, c.dim = 264;
+          SCOPED_TRACE(c.name() + " sm_count " + std::to_string(sms) +
+                       (sm == SlotMode::kHalfNone  ? " half none"
+                        : sm == SlotMode::kAllNone ? " all none"
+                                                   : " zipf"));
+          Data d = make_data(c, rng);
+          const std::vector<uint16_t> ref = run_cpu(d);
+          DevData g(d);
+          Plan pl;
+          PlanOptions o;
+          o.kernel = "grid";
+          o.sm_count = sms;
+          ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+          // (1 SM: a few CTAs, so each walks P x chunks / grid items)
+          if (sms == 1) {
+            EXPECT_LE(pl.grid, 4) << pl.to_string();
+          }
+          std::vector<uint16_t> first;
+          for (int rep = 0; rep < 2; ++rep) {  // (the second: the same bits)
+            g.out.set(d.out);
+            ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+            CK(cudaDeviceSynchronize());
+            const std::vector<uint16_t> got = g.out.get();
+            Err e = compare(d, got, ref, d.out);
+            EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
+            EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
+            EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
+            if (rep == 0) {
+              first = got;
+            } else {
+              EXPECT_EQ(got, first) << "second run differs";
+            }
+          }
+        }
+}
+
 // Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
 // length), or every slot at rank 0 (tasks, none valid). On every kernel, at T = 1 (fewer tasks
 // than CTAs) and 16.

@@ -9,6 +9,7 @@
 # Usage: tools/probe/ab.sh [--stage NAME] | [ROUNDS] (default 2; cases in AB_CASES, one per line:
 #   "<op> <shape> <T-list> [more bench flags]")
 # Env: ENVS (settings, one per line, e.g. MOLORA_LORA_EARLY_INPUTS=1; "-" = none; default "-"),
+#   ROUTING (aligned (default) or plain: every case's routing),
 #   LIBS (library folders to compare instead of build-ab's variants, e.g. build-gpu/src; labelled
 #   by the folder) and M (the CLI; default build-ab/molora).
 cd "$(dirname "$0")/../.."
@@ -38,7 +39,7 @@ for r in $(seq "$ROUNDS"); do
         [ "$setting" = - ] && setting= || label=$v+${setting// /,}
         # shellcheck disable=SC2086
         env $setting LD_LIBRARY_PATH="$PWD/$lib:$PWD/build-ab/deplib:$PWD/build-gpu/deplib" "$M" \
-          bench lora --shape "$shape" --routing aligned --op "$op" --T "$Ts" $rest 2>&1 |
+          bench lora --shape "$shape" --routing "${ROUTING:-aligned}" --op "$op" --T "$Ts" $rest 2>&1 |
           grep "us, floor" |
           sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
           sed "s#^#r$r $label #"
