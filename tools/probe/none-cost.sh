@@ -14,15 +14,14 @@ for pdl in 1 0; do
   for op in shrink expand; do
     echo "-- $op grid pdl=$pdl"
     MOLORA_LORA_PDL=$pdl b --op $op --kernel grid
-    for cfg in "-" "1 1" "4 1" "4 2" "12 1"; do
-      [ "$op" = expand ] && [ "$cfg" = "4 2" ] && continue
+    for cfg in "-" "1 2" "4 2" "8 2"; do  # (consumer warps, stages; stages >= 2)
       set -- $cfg
       if [ "$1" = - ]; then env=; lab=default; else
         env="MOLORA_LORA_STREAM_CONSUMERS=$1 MOLORA_LORA_STREAM_STAGES=$2"; lab="c=$1 s=$2"; fi
-      echo "-- $op stream $lab pdl=$pdl"
+      echo "-- $op stream $lab pdl=$pdl"  # (an invalid setting prints its error)
       # shellcheck disable=SC2086
       env $env MOLORA_LORA_PDL=$pdl "$M" bench lora --shape "$SH" --routing aligned --none 1 \
-        --T 1,64 --op $op --kernel stream 2>&1 | grep -E "us, floor|rror" | sed -E 's/, floor.*//'
+        --T 1,64 --op $op --kernel stream 2>&1 | grep -E "us, floor|rror|must be" | sed -E 's/, floor.*//'
     done
   done
 done
