@@ -2,12 +2,32 @@
 // kernels' tensor-map memo (memo_cache.h) and their divisions by launch constants (fastdiv.h).
 #include <random>
 
+#include "core/cuda_util.h"
 #include "lora/fastdiv.h"
 #include "lora/lora_bench.h"
 #include "lora/memo_cache.h"
 #include "lora_test_util.h"
 
 using namespace lora_test;
+
+// The benchmark's copy of the same bytes (Result::copy_us): nothing to copy is 0 us and needs
+// no device; a size to copy is a positive time, the same one when asked again (one measurement
+// per size), or, without a usable GPU, an error Status (never a crash).
+TEST(LoraBench, SameBytesCopy) {
+  double us = -1;
+  ASSERT_TRUE(molora::lora::bench::measure_copy_us(0, &us).ok());
+  EXPECT_EQ(us, 0.0);
+  ASSERT_TRUE(molora::lora::bench::measure_copy_us(-5, &us).ok());
+  EXPECT_EQ(us, 0.0);
+  const bool gpu = molora::require_gpu().ok();
+  const molora::Status st = molora::lora::bench::measure_copy_us(3 << 20, &us);
+  EXPECT_EQ(st.ok(), gpu) << st.to_string();
+  if (!gpu) return;
+  EXPECT_GT(us, 0.0);
+  double again = -1;
+  ASSERT_TRUE(molora::lora::bench::measure_copy_us((3 << 20) - 100, &again).ok());
+  EXPECT_EQ(again, us);  // (the same 4 KiB step: the measurement kept)
+}
 
 // `molora bench lora --shape`: the seed names and the N<dim>_r<r>_V<E>x<S> form, every field
 // checked against the kernels' limits.
