@@ -72,20 +72,17 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     trace_set(a.trace, 2);
     a.trace[blockIdx.x * kTraceWords + 7] = static_cast<unsigned long long>(x.my_tasks);
   }
-  // A CTA without tasks (every slot -1, or fewer tasks than CTAs) leaves here: the count and
-  // split below cost a call whose slots are all -1 0.37 us on the H100 at 12 warps (1.76 against
-  // 1.39 us at 4 warps, bench/NOTES.md "lora v0.15"). (After the barrier: it orders
-  // trace_start before trace_done.)
-  if (x.my_tasks == 0) {
-    trace_done(a.trace);
-    return;
-  }
   // The CTA's pieces (valid tasks x K-chunks, in task order) split evenly over the warps: warp w
   // takes pieces [begin(w), begin(w + 1)). A task cut between warps is finished by the warp that
   // holds its first piece: the later ones leave their partial sums in shared memory (`part`,
   // announced on `ready`), which it adds in warp order (fixed: the same bits run to run).
   const int total = TaskIter<Op::kShrink>(walk).count();
-  if (total == 0) {  // (tasks, none valid: their slots' rank is 0 or below their rank rows)
+  // A CTA without a valid task (every slot -1, fewer tasks than CTAs, or ranks below the tasks'
+  // rows) leaves here; the count stops at once when the CTA has no task at all. The split and
+  // walks below cost a call whose slots are all -1 0.37 us on the H100 at 12 warps (1.76 against
+  // 1.39 us at 4 warps, bench/NOTES.md "lora v0.15"). (After the barrier: it orders trace_start
+  // before trace_done.)
+  if (total == 0) {
     trace_done(a.trace);
     return;
   }
