@@ -295,8 +295,9 @@ TEST(LoraGpu, PrefillUngroupedPath) {
 }
 
 // Plain routing on the grid kernel with many items per CTA: every slot -1, half the tokens
-// without adapter or all with one, from T=1 to P = 2400 pairs, on the default grid and on a
-// 1-SM plan (a few CTAs, each walking thousands of items).
+// without adapter, one in 64 with one (and the last: a CTA's look at the items ahead finds
+// none, looks again, then jumps far), or most with one, from T=1 to P = 2400 pairs, on the
+// default grid and on a 1-SM plan (a few CTAs, each walking thousands of items).
 TEST(LoraGpu, PlainRoutingBatches) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -305,7 +306,8 @@ TEST(LoraGpu, PlainRoutingBatches) {
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (TK tk : {TK{1, 8}, TK{128, 8}, TK{205, 5}, TK{300, 8}})
-      for (SlotMode sm : {SlotMode::kHalfNone, SlotMode::kAllNone, SlotMode::kZipf})
+      for (SlotMode sm :
+           {SlotMode::kHalfNone, SlotMode::kAllNone, SlotMode::kZipf, SlotMode::kSparse})
         for (int sms : {0, 1}) {
           Case c;
           c.op = op, c.routing = RoutingKind::kPlain, c.slots = sm, c.T = tk.T, c.k = tk.k;
@@ -313,6 +315,7 @@ TEST(LoraGpu, PlainRoutingBatches) {
           SCOPED_TRACE(c.name() + " sm_count " + std::to_string(sms) +
                        (sm == SlotMode::kHalfNone  ? " half none"
                         : sm == SlotMode::kAllNone ? " all none"
+                        : sm == SlotMode::kSparse  ? " sparse"
                                                    : " zipf"));
           Data d = make_data(c, rng);
           const std::vector<uint16_t> ref = run_cpu(d);

@@ -26,7 +26,7 @@ inline uint64_t fresh_seed() {
   return s;
 }
 
-enum class SlotMode { kZipf, kAllNone, kOne, kDistinct, kHalfNone };
+enum class SlotMode { kZipf, kAllNone, kOne, kDistinct, kHalfNone, kSparse };
 
 struct Case {
   Op op = Op::kExpand;
@@ -138,6 +138,9 @@ inline Data make_data(const Case& c, std::mt19937_64& rng) {
         break;
       case SlotMode::kHalfNone:
         d.slot[t] = (rng() % 2) ? -1 : int(rng() % c.S);
+        break;
+      case SlotMode::kSparse:  // about one token in 64 has an adapter, and the last one
+        d.slot[t] = (t == c.T - 1 || rng() % 64 == 0) ? int(rng() % c.S) : -1;
         break;
       case SlotMode::kZipf: {
         double u = std::uniform_real_distribution<double>(0, 1)(rng);

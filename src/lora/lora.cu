@@ -75,7 +75,7 @@ __device__ __forceinline__ AlignedIds load_aligned_ids(const KernelArgs& a, int6
   return r;
 }
 
-__device__ int find_group(const KernelArgs& a, int64_t g, const AlignedIds& pre, int* s_mem,
+__device__ int find_group(const KernelArgs& a, int64_t g, const AlignedIds& pre, int vp, int* s_mem,
                           int* s_wcnt, int* v) {
   const int V = a.S * a.E;
   if (a.mode == kModeAligned) {
@@ -92,8 +92,7 @@ __device__ int find_group(const KernelArgs& a, int64_t g, const AlignedIds& pre,
     }
     return total;
   }
-  const int vp = vid_of(a, g);
-  if (vp < 0) return 0;
+  if (vp < 0) return 0;  // (plain: vp = vid_of(a, g), loaded by the kernel's item loop)
   *v = vp;
   if (a.mode == kModePairs) {
     if (threadIdx.x == 0) s_mem[0] = static_cast<int>(g);
@@ -316,7 +315,10 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, float scale, cons
   }
 }
 
-template <Op OP, typename T, int U>
+// PLAIN: plain routing (kModePairs, kModeGrouped); else aligned. (Two kernels, each compiled
+// for its routing alone: the aligned one measured 1-6% faster than the one kernel with both
+// paths, H100, bench/NOTES.md "lora v0.15" and "lora v0.16".)
+template <Op OP, typename T, int U, bool PLAIN>
 __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
   pdl_wait();     // the kernel before this one is done (a no-op without the launch attribute)
@@ -349,42 +351,112 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
       s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
     }
   }
-  // Aligned ids of this CTA's next item, loaded while the current item streams.
-  const bool al = a.mode == kModeAligned;
-  AlignedIds pre;
-  // Item i is (group i / chunks, chunk i % chunks); stepping by gridDim.x adds (dg, dc).
-  const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
-  uint32_t ng = blockIdx.x / chunks, nc = blockIdx.x - ng * chunks;
-  if (al && blockIdx.x < n_items) pre = load_aligned_ids(a, ng);
-  for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const int64_t g = ng;
-    const int c = static_cast<int>(nc);
-    ng += dg, nc += dc;
-    if (nc >= chunks) nc -= chunks, ++ng;
-    const AlignedIds cur = pre;
-    if (al && item + gridDim.x < n_items) pre = load_aligned_ids(a, ng);
+  // One item: group g, chunk c; aligned: cur holds its ids, loaded one item ahead; plain: vp
+  // is its pair's virtual expert.
+  auto run_item = [&](int64_t g, int c, const AlignedIds& cur, int vp) {
     int v = -1;
     // Shrink chunks past the largest rank hold nothing (checked again against r_s below).
-    if (OP == Op::kShrink && c * a.tile >= a.r_max) continue;
+    if (OP == Op::kShrink && c * a.tile >= a.r_max) return;
     __syncthreads();  // the previous item's readers of s_mem are done (and s_rank written)
-    const int count = find_group(a, g, cur, s_mem, s_wcnt, &v);
-    if (count == 0) continue;
+    const int count = find_group(a, g, cur, vp, s_mem, s_wcnt, &v);
+    if (count == 0) return;
     const int slot = v / a.E;
     const int r = cached ? s_rank[slot] : min(max(__ldg(a.ranks + slot), 0), a.r_max);
-    if (r == 0) continue;
+    if (r == 0) return;
     if (OP == Op::kShrink) {
-      if (c * a.tile >= r) continue;
+      if (c * a.tile >= r) return;
       shrink_item<T, U>(a, v, r, s_mem, count, c, s_red);
     } else {
       const float scale = cached ? s_scale[slot] : __ldg(a.scales + slot);
       expand_item<T, U>(a, v, r, scale, s_mem, count, c, s_t);
+    }
+  };
+  if constexpr (PLAIN) {
+    // Items grid-stride, each one's pair loaded when it is reached (one load round trip). On
+    // an item without an adapter the CTA looks at its next kThreads items at once (one load
+    // per thread) and jumps to the first with one, or past them all: a run of items without
+    // adapters costs one round trip per kThreads items instead of one per item (walked item
+    // by item, a T=256 call whose slots are all -1 took 13.4 us, N=7168, H100; 2.0 us with
+    // the look; bench/NOTES.md "lora v0.16"). Items with adapters pay no extra load: a look
+    // before the first item (even one that loads the first item too) cost 0.2-0.6 us at T=1-8
+    // with adapters (the same notes).
+    __shared__ int2 s_look[2][kWarps];  // per warp: first item offset with an adapter, its vid
+    const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
+    uint32_t item = blockIdx.x, g = item / chunks, c = item - g * chunks;
+    int vp = -2;  // g's virtual expert: -2 not loaded yet, -1 none
+    int parity = 0;
+    while (item < n_items) {
+      if (OP == Op::kShrink && c * a.tile >= a.r_max) {  // (nothing to load or to run)
+        vp = -2;
+      } else {
+        if (vp == -2) vp = vid_of(a, g);
+        if (vp >= 0) {
+          run_item(g, c, AlignedIds{}, vp);
+          vp = -2;
+        } else {
+          // Look: thread i checks the CTA's item i + 1 steps ahead.
+          const uint64_t mine = item + static_cast<uint64_t>(threadIdx.x + 1) * gridDim.x;
+          int mv = -1;
+          if (mine < n_items) {
+            const uint32_t gm = static_cast<uint32_t>(mine) / chunks;
+            const uint32_t cm = static_cast<uint32_t>(mine) - gm * chunks;
+            if (!(OP == Op::kShrink && cm * a.tile >= a.r_max)) mv = vid_of(a, gm);
+          }
+          const unsigned bal = __ballot_sync(~0u, mv >= 0);
+          const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+          if (bal != 0) {
+            const int first = __ffs(bal) - 1;
+            const int fv = __shfl_sync(~0u, mv, first);
+            if (lane == 0) s_look[parity][warp] = make_int2(warp * 32 + first, fv);
+          } else if (lane == 0) {
+            s_look[parity][warp] = make_int2(kThreads, -1);
+          }
+          __syncthreads();  // (the look before read the other parity: no thread is still there)
+          int2 best = make_int2(kThreads, -1);
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) {
+            const int2 l = s_look[parity][w];
+            if (l.x < best.x) best = l;
+          }
+          parity ^= 1;
+          // Found: the item best.x + 1 steps ahead, its vid known; none: the last one looked at
+          // (known to have none, so the next pass looks again without a load).
+          const int steps = best.x < kThreads ? best.x + 1 : kThreads;
+          const uint64_t next = item + static_cast<uint64_t>(steps) * gridDim.x;
+          if (next >= n_items) break;
+          item = static_cast<uint32_t>(next);
+          g = item / chunks, c = item - g * chunks;
+          vp = best.y;  // (-1 when none was found: that item has none)
+          continue;
+        }
+      }
+      item += gridDim.x;
+      g += dg, c += dc;
+      if (c >= chunks) c -= chunks, ++g;
+    }
+  } else {
+    // The CTA's items grid-stride, each one's ids loaded one item ahead (pre).
+    AlignedIds pre;
+    // Item i is (group i / chunks, chunk i % chunks); stepping by gridDim.x adds (dg, dc).
+    const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
+    uint32_t ng = blockIdx.x / chunks, nc = blockIdx.x - ng * chunks;
+    if (blockIdx.x < n_items) pre = load_aligned_ids(a, ng);
+    for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+      const int64_t g = ng;
+      const int c = static_cast<int>(nc);
+      ng += dg, nc += dc;
+      if (nc >= chunks) nc -= chunks, ++ng;
+      const AlignedIds cur = pre;
+      if (item + gridDim.x < n_items) pre = load_aligned_ids(a, ng);
+      run_item(g, c, cur, -1);
     }
   }
 }
 
 template <Op OP, typename T, int U>
 Status launch_t(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  auto kern = molora_lora_kernel<OP, T, U>;
+  auto kern = a.mode == kModeAligned ? molora_lora_kernel<OP, T, U, false>
+                                     : molora_lora_kernel<OP, T, U, true>;
   if (plan.smem_bytes > 48 * 1024)
     MOLORA_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(plan.smem_bytes)));
@@ -401,16 +473,22 @@ Status launch_u(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
 
 template <Op OP, typename T>
 int fit_u(int unroll, size_t smem) {
-  int n = 0;
+  // (The fewer of the two kernels': they differ in code, so possibly in registers.)
+  int n = 0, m = 0;
   cudaError_t e = unroll == 4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                    &n, molora_lora_kernel<OP, T, 4>, kThreads, smem)
+                                    &n, molora_lora_kernel<OP, T, 4, false>, kThreads, smem)
                               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                    &n, molora_lora_kernel<OP, T, 8>, kThreads, smem);
+                                    &n, molora_lora_kernel<OP, T, 8, false>, kThreads, smem);
+  if (e == cudaSuccess)
+    e = unroll == 4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &m, molora_lora_kernel<OP, T, 4, true>, kThreads, smem)
+                    : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &m, molora_lora_kernel<OP, T, 8, true>, kThreads, smem);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return n;
+  return std::min(n, m);
 }
 
 }  // namespace
