@@ -474,7 +474,8 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   rows.push_back(line);
   const std::vector<int> Ts =
       quick ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 32, 64, 128, 256};
-  std::map<std::string, double> t_at;  // key → us
+  std::map<std::string, double> t_at;     // key → us
+  std::map<std::string, double> copy_at;  // key → the same-bytes copy's us
   std::vector<std::string> summary;
   int miss = 0;
   for (Op op : {Op::kExpand, Op::kShrink})
@@ -514,6 +515,7 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
             std::ostringstream key;
             key << op_name(op) << sh.name << T << none << label;
             t_at[key.str()] = r.us;
+            copy_at[key.str()] = r.copy_us;
             if (variant >= 2) continue;
             int ri = rk == RoutingKind::kPlain ? 0 : 1;
             if (none == 0.0 && T >= 32) {
@@ -551,12 +553,16 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         k0 << op_name(op) << sh.name << 64 << 0.0 << rn;
         k50 << op_name(op) << sh.name << 64 << 0.5 << rn;
         double ratio = t_at[k50.str()] / t_at[k0.str()];
+        // The same ratio for copies of the two rows' bytes: what the bytes alone allow (a
+        // copy's rate falls with its size, so the ratio of copy times sits above the bytes').
+        const double c0 = copy_at[k0.str()];
+        const double copy_ratio = c0 > 0 ? copy_at[k50.str()] / c0 : 0.0;
         ok = ratio <= 0.6;
         miss += ok ? 0 : 1;
         std::snprintf(line, sizeof line,
                       "SUMMARY lora %s %s %s T=64 50%% no-adapter: %.2f of all-adapter time "
-                      "(target <=0.60) %s",
-                      op_name(op), sh.name.c_str(), rn, ratio, ok ? "MET" : "MISSED");
+                      "(target <=0.60) %s; a copy of the same bytes %.2f",
+                      op_name(op), sh.name.c_str(), rn, ratio, ok ? "MET" : "MISSED", copy_ratio);
         summary.push_back(line);
       }
       {
