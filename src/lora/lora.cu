@@ -351,12 +351,15 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
       s_scale[s] = a.scales != nullptr ? __ldg(a.scales + s) : 0.f;
     }
   }
+  // Shrink chunks past the largest rank hold nothing (checked again against r_s in run_item).
+  auto past_rmax = [&](auto c) { return OP == Op::kShrink && c * a.tile >= a.r_max; };
+  // Item i is (group i / chunks, chunk i % chunks); stepping by gridDim.x adds (dg, dc).
+  const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
   // One item: group g, chunk c; aligned: cur holds its ids, loaded one item ahead; plain: vp
   // is its pair's virtual expert.
   auto run_item = [&](int64_t g, int c, const AlignedIds& cur, int vp) {
     int v = -1;
-    // Shrink chunks past the largest rank hold nothing (checked again against r_s below).
-    if (OP == Op::kShrink && c * a.tile >= a.r_max) return;
+    if (past_rmax(c)) return;
     __syncthreads();  // the previous item's readers of s_mem are done (and s_rank written)
     const int count = find_group(a, g, cur, vp, s_mem, s_wcnt, &v);
     if (count == 0) return;
@@ -381,12 +384,11 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
     // before the first item (even one that loads the first item too) cost 0.2-0.6 us at T=1-8
     // with adapters (the same notes).
     __shared__ int2 s_look[2][kWarps];  // per warp: first item offset with an adapter, its vid
-    const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
     uint32_t item = blockIdx.x, g = item / chunks, c = item - g * chunks;
     int vp = -2;  // g's virtual expert: -2 not loaded yet, -1 none
     int parity = 0;
     while (item < n_items) {
-      if (OP == Op::kShrink && c * a.tile >= a.r_max) {  // (nothing to load or to run)
+      if (past_rmax(c)) {  // (nothing to load or to run)
         vp = -2;
       } else {
         if (vp == -2) vp = vid_of(a, g);
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
           if (mine < n_items) {
             const uint32_t gm = static_cast<uint32_t>(mine) / chunks;
             const uint32_t cm = static_cast<uint32_t>(mine) - gm * chunks;
-            if (!(OP == Op::kShrink && cm * a.tile >= a.r_max)) mv = vid_of(a, gm);
+            if (!past_rmax(cm)) mv = vid_of(a, gm);
           }
           const unsigned bal = __ballot_sync(~0u, mv >= 0);
           const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -437,8 +439,6 @@ __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) 
   } else {
     // The CTA's items grid-stride, each one's ids loaded one item ahead (pre).
     AlignedIds pre;
-    // Item i is (group i / chunks, chunk i % chunks); stepping by gridDim.x adds (dg, dc).
-    const uint32_t dg = gridDim.x / chunks, dc = gridDim.x - dg * chunks;
     uint32_t ng = blockIdx.x / chunks, nc = blockIdx.x - ng * chunks;
     if (blockIdx.x < n_items) pre = load_aligned_ids(a, ng);
     for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -471,34 +471,32 @@ Status launch_u(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
                           : launch_t<OP, T, 8>(a, plan, stream);
 }
 
-template <Op OP, typename T>
-int fit_u(int unroll, size_t smem) {
-  // (The fewer of the two kernels': they differ in code, so possibly in registers.)
-  int n = 0, m = 0;
-  cudaError_t e = unroll == 4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                    &n, molora_lora_kernel<OP, T, 4, false>, kThreads, smem)
-                              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                    &n, molora_lora_kernel<OP, T, 8, false>, kThreads, smem);
-  if (e == cudaSuccess)
-    e = unroll == 4 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &m, molora_lora_kernel<OP, T, 4, true>, kThreads, smem)
-                    : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &m, molora_lora_kernel<OP, T, 8, true>, kThreads, smem);
+template <Op OP, typename T, int U>
+int fit_t(bool plain, size_t smem) {
+  int n = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &n, plain ? molora_lora_kernel<OP, T, U, true> : molora_lora_kernel<OP, T, U, false>,
+      kThreads, smem);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return std::min(n, m);
+  return n;
+}
+
+template <Op OP, typename T>
+int fit_u(bool plain, int unroll, size_t smem) {
+  return unroll == 4 ? fit_t<OP, T, 4>(plain, smem) : fit_t<OP, T, 8>(plain, smem);
 }
 
 }  // namespace
 
-int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem) {
+int max_ctas_per_sm(Op op, DType dt, bool plain, int unroll, size_t smem) {
   if (dt == DType::kF16)
-    return op == Op::kShrink ? fit_u<Op::kShrink, __half>(unroll, smem)
-                             : fit_u<Op::kExpand, __half>(unroll, smem);
-  return op == Op::kShrink ? fit_u<Op::kShrink, __nv_bfloat16>(unroll, smem)
-                           : fit_u<Op::kExpand, __nv_bfloat16>(unroll, smem);
+    return op == Op::kShrink ? fit_u<Op::kShrink, __half>(plain, unroll, smem)
+                             : fit_u<Op::kExpand, __half>(plain, unroll, smem);
+  return op == Op::kShrink ? fit_u<Op::kShrink, __nv_bfloat16>(plain, unroll, smem)
+                           : fit_u<Op::kExpand, __nv_bfloat16>(plain, unroll, smem);
 }
 
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream) {

@@ -95,9 +95,9 @@ Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream
 // An empty kernel of `grid` CTAs x `threads` (the benchmark's launch baseline: what one call
 // costs before it moves a byte).
 Status launch_empty(int grid, int threads, cudaStream_t stream);
-// CTAs of the kernel (U = unroll) that fit on one SM with `smem` dynamic shared memory (0 if
-// unknown).
-int max_ctas_per_sm(Op op, DType dt, int unroll, size_t smem);
+// CTAs of the kernel (U = unroll; plain or aligned routing) that fit on one SM with `smem`
+// dynamic shared memory (0 if unknown).
+int max_ctas_per_sm(Op op, DType dt, bool plain, int unroll, size_t smem);
 // Threads per CTA of each kernel.
 constexpr int kThreads = 256;
 // Dynamic shared memory of a launch (the member list of one group).

@@ -313,7 +313,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     pl.smem_bytes = detail::smem_bytes(mode, P, aligned ? pb.block_size : 0);
 #if MOLORA_HAVE_CUDA
     if (dev.sm_count > 0 && pb.dtype != DType::kF32)
-      pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, unroll, pl.smem_bytes);
+      pl.ctas_per_sm = detail::max_ctas_per_sm(pb.op, pb.dtype, !aligned, unroll, pl.smem_bytes);
 #endif
     // A grid of the CTAs that are resident at once, each walking items grid-stride; items past
     // the ones the device finds (aligned: num_tokens_post_pad) are never visited.
