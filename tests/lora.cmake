@@ -9,6 +9,11 @@ endif()
 # checked before any GPU work.
 if(MOLORA_BUILD_CLI)
   molora_add_exit_test(lora_cli_bench_unknown_shape_exits_2 2 bench lora --shape N1_r1)
+  # A custom shape with fewer experts than the benchmark's top-8 (its routing draws 8 distinct).
+  molora_add_exit_test(lora_cli_bench_fewer_experts_than_top_k_exits_2 2
+    bench lora --shape N64_r8_V4x2)
+  molora_add_exit_test(lora_cli_bench_zero_tokens_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --T 1,0)
   molora_add_exit_test(lora_cli_bench_bad_kernel_exits_2 2
     bench lora --shape N6144_r32_V160x8 --kernel fast)
   # The mixed-rank option is offered (every second slot at r_max / 2: the stream expand's
@@ -24,6 +29,13 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --op chain --layers 4)
   molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op fused)
+  # --weight-copies takes 0 (automatic: one copy per rotating routing) to 256.
+  molora_add_exit_test(lora_cli_bench_weight_copies_negative_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --weight-copies -1)
+  molora_add_exit_test(lora_cli_bench_weight_copies_257_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --weight-copies 257)
+  molora_add_output_test(lora_cli_bench_help_weight_copies_default_auto
+    "--weight-copies INT.*default 0: one per rotating routing" bench lora --help)
   molora_add_output_test(lora_cli_bench_help_lists_chain_and_layers
     "or chain: shrink -> expand pairs.*--layers INT" bench lora --help)
 endif()

@@ -29,6 +29,45 @@ TEST(LoraBench, SameBytesCopy) {
   EXPECT_EQ(again, us);  // (the same 4 KiB step: the measurement kept)
 }
 
+// Case::weight_copies: outside [0, kWeightCopiesMax] is an error naming it, and so is a shape with
+// fewer experts than top-k (it divided by zero drawing the routing), both before any device
+// work; on a GPU, 0 takes one copy per rotating routing (16 for a small shape), and a
+// count above 16 is honoured (the timed graph holds that many calls).
+TEST(LoraBench, WeightCopies) {
+  namespace b = molora::lora::bench;
+  b::Case c;
+  ASSERT_TRUE(b::parse_shape("N64_r8_V8x2", &c.shape));
+  c.T = 3;
+  b::Result r;
+  {  // (fewer experts than top-k: the routing cannot draw k distinct ones)
+    b::Case few = c;
+    ASSERT_TRUE(b::parse_shape("N64_r8_V4x2", &few.shape));
+    const molora::Status st = b::run_case(few, 1000.0, &r);
+    ASSERT_FALSE(st.ok());
+    if (st.code() != molora::StatusCode::kUnavailable) {
+      EXPECT_EQ(st.code(), molora::StatusCode::kInvalidArgument) << st.to_string();
+      EXPECT_NE(st.message().find("experts 4"), std::string::npos) << st.to_string();
+    }
+  }
+  for (int bad : {-1, b::kWeightCopiesMax + 1}) {
+    c.weight_copies = bad;
+    const molora::Status st = b::run_case(c, 1000.0, &r);
+    ASSERT_FALSE(st.ok()) << bad;
+    if (st.code() == molora::StatusCode::kUnavailable) continue;  // (built without CUDA)
+    EXPECT_EQ(st.code(), molora::StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("weight_copies"), std::string::npos) << st.to_string();
+  }
+  if (!molora::require_gpu().ok()) GTEST_SKIP() << "no GPU: the timed cases need one";
+  for (int want : {0, 1, 40}) {
+    c.weight_copies = want;
+    const molora::Status st = b::run_case(c, 1000.0, &r);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(r.weight_copies, want == 0 ? b::kWeightCopiesAuto : want);
+    EXPECT_GT(r.us, 0.0);
+    EXPECT_GT(r.bytes, 0);
+  }
+}
+
 // `molora bench lora --shape`: the seed names and the N<dim>_r<r>_V<E>x<S> form, every field
 // checked against the kernels' limits.
 TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {

@@ -38,15 +38,21 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"plain", "aligned"}));
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
       ->check(CLI::IsMember({"", "grid", "stream"}));
-  lora->add_option("--T", *Ts, "Token counts (one-shape mode)")->delimiter(',');
+  lora->add_option("--T", *Ts,
+                   "Token counts, 1 to 8192 (T x top-8 pairs <= 65,536; one-shape mode)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8192));
   auto mixed = std::make_shared<bool>(false);
   lora->add_flag("--mixed-ranks", *mixed,
                  "Every second slot at rank r_max / 2 (one-shape mode; default: all at r_max)");
-  auto copies = std::make_shared<int>(1);
+  auto copies = std::make_shared<int>(0);
   lora->add_option("--weight-copies", *copies,
-                   "Distinct weight copies the timed calls cycle through (default 1; one-shape "
-                   "mode)")
-      ->check(CLI::Range(1, 16));
+                   "Distinct weight copies the timed calls cycle through, call i reading copy i "
+                   "% W (default 0: one per rotating routing, 16, fewer where 16 would take more "
+                   "than an eighth of the device's memory; 1: every call on one copy, so a small "
+                   "shape's weights come partly from L2; above 16 the timed graph holds W calls; "
+                   "one-shape mode)")
+      ->check(CLI::Range(0, molora::lora::bench::kWeightCopiesMax));
   auto layers = std::make_shared<int>(0);
   lora->add_option("--layers", *layers,
                    "Also time eager host cost per call cycling over L layers' weights "
@@ -88,6 +94,12 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
         exit_code = 2;
         return;
       }
+      if (c.shape.E < c.k) {  // (each token's k experts are distinct)
+        std::cerr << "molora bench lora: --shape " << *shape << " has " << c.shape.E
+                  << " experts, fewer than the benchmark's top-k of " << c.k << "\n";
+        exit_code = 2;
+        return;
+      }
       double copy = 0;
       st = molora::lora::bench::measure_copy_gbps(&copy);
       for (int T : *Ts) {
@@ -99,7 +111,8 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
           std::cout << *op << " " << *shape << " T=" << T << " " << *routing << " "
                     << r.plan.variant << " tile=" << r.plan.tile << ": " << r.us << " us, floor "
                     << r.floor_us << " us, " << r.pct_copy << "% of copy " << copy
-                    << " GB/s, same-bytes copy " << r.copy_us << " us\n";
+                    << " GB/s, same-bytes copy " << r.copy_us << " us, weight copies "
+                    << r.weight_copies << "\n";
         if (st.ok() && c.layers > 0)
           std::cout << "  eager host over " << c.layers << " layers: cold " << r.host_us_cold
                     << " us/call (" << r.encodes_cold << " map encodes/call), warm "

@@ -43,6 +43,7 @@ Status tune(const std::string&, std::ostream&) { return Status::Unavailable("bui
 namespace {
 
 constexpr int kRot = 16;  // rotating routings per timed graph
+static_assert(kRot == kWeightCopiesAuto, "one weight copy per rotating routing by default");
 
 struct Buf {
   void* p = nullptr;
@@ -318,6 +319,13 @@ Status measure_empty_launch_us(double* us) {
 }
 
 Status run_case(const Case& c, double copy_gbps, Result* out) {
+  if (c.weight_copies < 0 || c.weight_copies > kWeightCopiesMax)
+    return Status::InvalidArgument("weight_copies must be in [0, " +
+                                   std::to_string(kWeightCopiesMax) + "] (0: automatic)");
+  if (c.T < 1 || c.k < 1 || c.k > c.shape.E)  // (the routing draws k distinct experts per token)
+    return Status::InvalidArgument("a case needs T >= 1 and 1 <= top-k <= experts (T " +
+                                   std::to_string(c.T) + ", top-k " + std::to_string(c.k) +
+                                   ", experts " + std::to_string(c.shape.E) + ")");
   const Shape& sh = c.shape;
   const int64_t P = int64_t(c.T) * c.k, V = int64_t(sh.S) * sh.E;
   Problem pb;
@@ -341,7 +349,21 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   const size_t wbytes =
       (size_t(V) * sh.r * sh.dim * 2 + kLayerStep * size_t(std::max(c.layers, 0)) + 255) / 256 *
       256;
-  const int copies = std::max(1, c.weight_copies);
+  // Each copy (and the chain's second weights, as many) within an eighth of the device's memory
+  // when chosen automatically, a quarter when asked for.
+  size_t free_b = 0, total_b = 0;
+  MOLORA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t per_copy = wbytes * (c.chain ? 2 : 1);
+  int copies = c.weight_copies;
+  if (copies == 0) {
+    copies = static_cast<int>(std::clamp<size_t>(total_b / 8 / per_copy, 1, kWeightCopiesAuto));
+  } else if (copies > 1 && per_copy * size_t(copies) > total_b / 4) {
+    return Status::InvalidArgument("weight_copies " + std::to_string(copies) + " x " +
+                                   std::to_string(per_copy >> 20) +
+                                   " MiB of weights is more than a quarter of the device's memory");
+  }
+  // The timed graph: kRot calls, or one per copy where more copies were asked for.
+  const int calls = std::max(kRot, copies);
   Buf& w = buf("w");
   static std::string w_for;
   const std::string wkey =
@@ -425,19 +447,21 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   }
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  auto call_op = [&](int i, const void* wp) {  // the case's op at routing i, weights wp
-    return c.op == Op::kShrink ? shrink(pb, &run_plan, in.p, wp, d_ranks, rts[i], o.p, s)
-                               : expand(pb, &run_plan, in.p, wp, d_ranks, d_scales, rts[i], o.p, s);
+  auto call_op = [&](int i, const void* wp) {  // the case's op at routing i % kRot, weights wp
+    const Routing& rt = rts[i % kRot];
+    return c.op == Op::kShrink ? shrink(pb, &run_plan, in.p, wp, d_ranks, rt, o.p, s)
+                               : expand(pb, &run_plan, in.p, wp, d_ranks, d_scales, rt, o.p, s);
   };
   auto call = [&](int i) -> Status {
     MOLORA_RETURN_IF_ERROR(call_op(i, w_at(w, i)));
     if (!c.chain) return Status::Ok();
-    return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i], y.p, s);
+    return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i % kRot], y.p, s);
   };
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
   Result r;
-  Status st = time_graph_us(s, call, &r.us);
+  r.weight_copies = copies;
+  Status st = time_graph_us(s, call, &r.us, calls);
   if (st.ok() && c.layers > 0) {
     auto call_layer = [&](int i, int l) {  // routing i of kRot, layer l
       return call_op(i, static_cast<const char*>(w.p) + kLayerStep * size_t(l));
@@ -504,13 +528,13 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
                           "%-7s %-18s %4d %4.0f%% %-8s %9.2f %9.2f %11lld %8.0f %5.1f%% %7.2f "
-                          "%8.2f %6.2f  %s tile=%d %s=%d grid=%d %s",
+                          "%8.2f %6.2f  %s tile=%d %s=%d grid=%d w=%d %s",
                           op_name(op), sh.name.c_str(), T, none * 100, label, r.us, r.floor_us,
                           (long long)r.bytes, r.gbps, r.pct_copy, r.us / r.floor_us, r.copy_us,
                           r.copy_us > 0 ? r.us / r.copy_us : 0.0, r.plan.variant.c_str(),
                           r.plan.tile, r.plan.stages > 0 ? "stages" : "u",
                           r.plan.stages > 0 ? r.plan.stages : r.plan.unroll, r.plan.grid,
-                          r.plan.source.c_str());
+                          r.weight_copies, r.plan.source.c_str());
             rows.push_back(line);
             std::ostringstream key;
             key << op_name(op) << sh.name << T << none << label;
@@ -582,7 +606,9 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
       }
     }
   os << "copy bandwidth (device-to-device, read+write): " << copy << " GB/s\n";
-  os << "empty launch (graph replay, one CTA per SM x 384 threads): " << empty_us << " us\n\n";
+  os << "empty launch (graph replay, one CTA per SM x 384 threads): " << empty_us << " us\n";
+  os << "weights: the timed calls cycle through w copies (plan column), one per rotating "
+        "routing, so a call's weights come from HBM, not from an earlier call in L2\n\n";
   for (auto& r : rows) os << r << "\n";
   os << "\n";
   for (auto& s : summary) os << s << "\n";

@@ -1,6 +1,7 @@
 // Benchmark harness of the lora part (internal): used by bench/lora_bench.cc (bench_lora) and
-// `molora bench lora [--tune]`. Times graph replays of calls over rotating routings (so weights
-// come from HBM, not L2) and reports bytes that must move, GB/s and the floor.
+// `molora bench lora [--tune]`. Times graph replays of calls over rotating routings, each call on
+// its own copy of the weights (Case::weight_copies: so weights come from HBM, not from an
+// earlier call in L2), and reports bytes that must move, GB/s and the floor.
 #pragma once
 
 #include <ostream>
@@ -24,6 +25,10 @@ std::vector<Shape> seed_shapes();
 // to 16,384, r_max in {8, 16, 32, 64, 128}, S * E up to 65,536); false (out untouched) else.
 bool parse_shape(const std::string& name, Shape* out);
 
+// Case::weight_copies = 0 takes this many (the rotating routings of a timed graph); the most a
+// case may ask for is kWeightCopiesMax.
+constexpr int kWeightCopiesAuto = 16, kWeightCopiesMax = 256;
+
 struct Case {
   Op op = Op::kExpand;
   Shape shape;
@@ -43,9 +48,15 @@ struct Case {
   // would replace. bytes and floor are those of both calls.
   bool chain = false;
   // Distinct copies of the weights that the timed calls cycle through (call i reads copy
-  // i % weight_copies): 1 lets a call find weights of the call before it in L2 (50 MiB on the
-  // H200); an engine's decode step never does (every layer has its own).
-  int weight_copies = 1;
+  // i % weight_copies). An engine's decode step never finds a call's weights in L2 (every layer
+  // has its own, and the other layers' pass between two calls of one), so the timing should not
+  // either. 0 (default): kWeightCopiesAuto copies, one per rotating routing, so a call's weights
+  // come back only after the other 15 calls' (fewer where that many would take more than an
+  // eighth of the device's memory: Result::weight_copies says how many). 1: every call reads
+  // one copy, as before 2026-12-05: a small shape's weights (N2048 r16: 64 MiB against a 50 MB
+  // L2) then come partly from L2 (bench/NOTES.md "lora v0.17"). Above kWeightCopiesAuto: the
+  // timed graph holds that many calls, each on its own copy (routings still rotate over 16).
+  int weight_copies = 0;
   // Also run the calls once more with the stream kernels' timeline probe on (one op, a stream
   // plan): Result::timeline.
   bool timeline = false;
@@ -83,9 +94,10 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
 std::string format_timeline(const Timeline& t);
 
 struct Result {
-  double us = 0;        // per call
-  double floor_us = 0;  // bytes / copy bandwidth measured
-  int64_t bytes = 0;    // bytes that must move (mean over the rotating routings)
+  double us = 0;          // per call
+  int weight_copies = 0;  // weight copies the timed calls cycled through (Case::weight_copies)
+  double floor_us = 0;    // bytes / copy bandwidth measured
+  int64_t bytes = 0;      // bytes that must move (mean over the rotating routings)
   double gbps = 0;
   double pct_copy = 0;  // of the measured device-to-device copy bandwidth
   // A device-to-device copy of the same bytes (half read, half written; measure_copy_us), timed
