@@ -57,7 +57,12 @@ TEST(LoraBench, WeightCopies) {
     EXPECT_EQ(st.code(), molora::StatusCode::kInvalidArgument) << st.to_string();
     EXPECT_NE(st.message().find("weight_copies"), std::string::npos) << st.to_string();
   }
-  if (!molora::require_gpu().ok()) GTEST_SKIP() << "no GPU: the timed cases need one";
+  if (!molora::require_gpu().ok()) {  // a valid case without a GPU: Unavailable, saying why
+    c.weight_copies = 0;
+    const molora::Status st = b::run_case(c, 1000.0, &r);
+    EXPECT_EQ(st.code(), molora::StatusCode::kUnavailable) << st.to_string();
+    GTEST_SKIP() << "no GPU: the timed cases need one";
+  }
   for (int want : {0, 1, 40}) {
     c.weight_copies = want;
     const molora::Status st = b::run_case(c, 1000.0, &r);

@@ -165,6 +165,7 @@ Status time_reps_ms(cudaStream_t s, int reps, F&& launch, float* ms) {
 }  // namespace
 
 Status measure_copy_gbps(double* gbps) {
+  MOLORA_RETURN_IF_ERROR(require_gpu());  // (Unavailable, naming why, where there is no GPU)
   const size_t bytes = size_t(1) << 30;
   Buf& a = buf("copy_a");
   Buf& b = buf("copy_b");
@@ -285,6 +286,7 @@ Status measure_copy_us(int64_t bytes, double* us) {
   const size_t half = (static_cast<size_t>(bytes) / 2 + kGran - 1) / kGran * kGran;
   static std::map<size_t, double> memo;
   if (auto it = memo.find(half); it != memo.end()) return *us = it->second, Status::Ok();
+  MOLORA_RETURN_IF_ERROR(require_gpu());
   const int calls = static_cast<int>(std::max<size_t>(kRot, (kSpan + half - 1) / half));
   Buf& a = buf("same_bytes_a");
   Buf& b = buf("same_bytes_b");
@@ -306,6 +308,7 @@ Status measure_copy_us(int64_t bytes, double* us) {
 }
 
 Status measure_empty_launch_us(double* us) {
+  MOLORA_RETURN_IF_ERROR(require_gpu());
   int dev = 0, sms = 0;
   MOLORA_CUDA_CHECK(cudaGetDevice(&dev));
   MOLORA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -326,6 +329,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     return Status::InvalidArgument("a case needs T >= 1 and 1 <= top-k <= experts (T " +
                                    std::to_string(c.T) + ", top-k " + std::to_string(c.k) +
                                    ", experts " + std::to_string(c.shape.E) + ")");
+  MOLORA_RETURN_IF_ERROR(require_gpu());
   const Shape& sh = c.shape;
   const int64_t P = int64_t(c.T) * c.k, V = int64_t(sh.S) * sh.E;
   Problem pb;
