@@ -348,6 +348,48 @@ TEST(LoraGpu, PlainRoutingBatches) {
         }
 }
 
+// The stream shrink with many tasks per CTA: on 1 and 3 SMs every warp seeks far into its CTA's
+// tasks (TaskIter::skip, across rounds of 32 and past tasks without rows at their slot's rank),
+// and on the default grid; K a multiple of the 512-column piece and not; mixed ranks.
+TEST(LoraGpu, StreamShrinkManyTasksPerCta) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (int64_t dim : {1024, 1032})
+    for (int T : {1, 40, 300})
+      for (int sms : {0, 1, 3}) {
+        Case c;
+        c.op = Op::kShrink, c.routing = RoutingKind::kAligned, c.block = 16;
+        c.T = T, c.k = 8, c.S = 6, c.E = 40, c.r_max = 32, c.dim = dim;
+        SCOPED_TRACE(c.name() + " sm_count " + std::to_string(sms));
+        Data d = make_data(c, rng);
+        const std::vector<uint16_t> ref = run_cpu(d);
+        DevData g(d);
+        Plan pl;
+        PlanOptions o;
+        o.kernel = "stream";
+        o.sm_count = sms;
+        ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+        if (sms > 0) {
+          EXPECT_LE(pl.grid, sms) << pl.to_string();
+        }
+        std::vector<uint16_t> first;
+        for (int rep = 0; rep < 2; ++rep) {  // (the second: the same bits)
+          g.out.set(d.out);
+          ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+          CK(cudaDeviceSynchronize());
+          const std::vector<uint16_t> got = g.out.get();
+          const Err e = compare(d, got, ref, d.out);
+          EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
+          EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
+          EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
+          if (rep == 0)
+            first = got;
+          else
+            EXPECT_EQ(got, first) << "second run differs";
+        }
+      }
+}
+
 // Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
 // length), or every slot at rank 0 (tasks, none valid). On every kernel, at T = 1 (fewer tasks
 // than CTAs) and 16.
