@@ -88,6 +88,27 @@ std::vector<uint16_t> run_cpu(const Data& d) {
   return out;
 }
 
+// Runs plan pl on the GPU from d's output (poisoned for shrink, the base for expand) and checks
+// it against the reference: within tolerance, rows without a pair untouched, no NaN/Inf; then a
+// second run from the same inputs must give the same bits. (Callers wrap it in
+// ASSERT_NO_FATAL_FAILURE: a failed launch ends the caller.)
+void check_plan_runs(const Data& d, DevData& g, const Plan& pl, const std::vector<uint16_t>& ref) {
+  g.out.set(d.out);
+  const Status st = run_gpu(d, g, &pl, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  CK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = g.out.get();
+  const Err e = compare(d, got, ref, d.out);
+  EXPECT_LE(e.rel, tolerance(d.pb.dtype)) << pl.to_string();
+  EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
+  EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
+  // Determinism: a second run from the same inputs gives the same bits.
+  g.out.set(d.out);
+  ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+  CK(cudaDeviceSynchronize());
+  EXPECT_EQ(g.out.get(), got) << "second run differs";
+}
+
 // Runs one case on the GPU and checks it: the default plan, the grid kernel, the stream kernel
 // where it applies (aligned, block <= 32; expand also at tiles of 32 and 96 rows), and the grid
 // kernel at each forced tile given.
@@ -119,20 +140,7 @@ void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0
     if (!stream_ok) {
       EXPECT_EQ(pl.kernel, "grid");
     }
-    g.out.set(d.out);  // poisoned (shrink) / base output (expand)
-    Status st = run_gpu(d, g, &pl, nullptr);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CK(cudaDeviceSynchronize());
-    std::vector<uint16_t> got = g.out.get();
-    Err e = compare(d, got, ref, d.out);
-    EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
-    EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
-    EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
-    // Determinism: a second run from the same inputs gives the same bits.
-    g.out.set(d.out);
-    ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
-    CK(cudaDeviceSynchronize());
-    EXPECT_EQ(g.out.get(), got) << "second run differs";
+    ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
   }
 }
 
@@ -329,22 +337,7 @@ TEST(LoraGpu, PlainRoutingBatches) {
           if (sms == 1) {
             EXPECT_LE(pl.grid, 4) << pl.to_string();
           }
-          std::vector<uint16_t> first;
-          for (int rep = 0; rep < 2; ++rep) {  // (the second: the same bits)
-            g.out.set(d.out);
-            ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
-            CK(cudaDeviceSynchronize());
-            const std::vector<uint16_t> got = g.out.get();
-            Err e = compare(d, got, ref, d.out);
-            EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
-            EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
-            EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
-            if (rep == 0) {
-              first = got;
-            } else {
-              EXPECT_EQ(got, first) << "second run differs";
-            }
-          }
+          ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
         }
 }
 
@@ -372,21 +365,7 @@ TEST(LoraGpu, StreamShrinkManyTasksPerCta) {
         if (sms > 0) {
           EXPECT_LE(pl.grid, sms) << pl.to_string();
         }
-        std::vector<uint16_t> first;
-        for (int rep = 0; rep < 2; ++rep) {  // (the second: the same bits)
-          g.out.set(d.out);
-          ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
-          CK(cudaDeviceSynchronize());
-          const std::vector<uint16_t> got = g.out.get();
-          const Err e = compare(d, got, ref, d.out);
-          EXPECT_LE(e.rel, tolerance(c.dt)) << pl.to_string();
-          EXPECT_EQ(e.untouched_changed, 0) << pl.to_string();
-          EXPECT_EQ(e.nonfinite, 0) << pl.to_string();
-          if (rep == 0)
-            first = got;
-          else
-            EXPECT_EQ(got, first) << "second run differs";
-        }
+        ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
       }
 }
 
