@@ -3,7 +3,7 @@ molora_add_test(lora_test SOURCES lora_test.cc LIBS molora_lora)
 # The host helpers: bench shape names and timeline summary, tensor-map memo, fastdiv.
 molora_add_test(lora_support_test SOURCES lora_support_test.cc LIBS molora_lora)
 if(MOLORA_HAVE_CUDA)
-  molora_add_test(lora_gpu_test SOURCES lora_gpu_test.cc LIBS molora_lora GPU)
+  molora_add_test(lora_gpu_test SOURCES lora_gpu_test.cc lora_gpu_writer.cu LIBS molora_lora GPU)
 endif()
 # `molora bench lora` one-shape mode: an unknown seed shape or a bad option is a usage error (2),
 # checked before any GPU work.
@@ -22,11 +22,14 @@ if(MOLORA_BUILD_CLI)
     "--mixed-ranks +Every second slot at rank r_max / 2" bench lora --help)
   molora_add_exit_test(lora_cli_bench_mixed_ranks_value_exits_2 2
     bench lora --shape N6144_r32_V160x8 --mixed-ranks=maybe)
-  # --layers takes 1..4096 weight pointers; --op takes expand, shrink or chain.
+  # --layers takes 1..4096 weight pointers; --op takes expand, shrink, chain or delta (the two
+  # pair forms time two ops, so neither takes --layers).
   molora_add_exit_test(lora_cli_bench_layers_zero_exits_2 2
     bench lora --shape N6144_r32_V160x8 --layers 0)
   molora_add_exit_test(lora_cli_bench_chain_with_layers_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op chain --layers 4)
+  molora_add_exit_test(lora_cli_bench_delta_with_timeline_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --op delta --timeline)
   molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op fused)
   # --weight-copies takes 0 (automatic: one copy per rotating routing) to 256.
@@ -37,5 +40,6 @@ if(MOLORA_BUILD_CLI)
   molora_add_output_test(lora_cli_bench_help_weight_copies_default_auto
     "--weight-copies INT.*default 0: one per rotating routing" bench lora --help)
   molora_add_output_test(lora_cli_bench_help_lists_chain_and_layers
-    "or chain: shrink -> expand pairs.*--layers INT" bench lora --help)
+    "chain: shrink -> expand pairs.*delta: the same pairs as one moe_delta call.*--layers INT"
+    bench lora --help)
 endif()

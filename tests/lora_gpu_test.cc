@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "gpu_test_util.h"
+#include "lora_gpu_writer.h"
 #include "lora_test_util.h"
 #include "molora/settings.h"
 
@@ -63,13 +64,6 @@ struct DevData {
     return r;
   }
 };
-
-// Gives `to` (an expand) the routing, ranks and layout of `from` (a shrink), so that the expand
-// reads the pairs the shrink wrote.
-void share_routing(Data& to, const Data& from) {
-  to.ranks = from.ranks, to.slot = from.slot, to.topk = from.topk, to.sorted = from.sorted;
-  to.expert_ids = from.expert_ids, to.ntpp = from.ntpp, to.pb.sorted_len = from.pb.sorted_len;
-}
 
 Status run_gpu(const Data& d, DevData& g, const Plan* pl, cudaStream_t s) {
   return d.pb.op == Op::kShrink
@@ -564,6 +558,242 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
     }
   }
   cudaStreamDestroy(s);
+}
+
+namespace {
+
+// One moe_delta on the device: x, A, B and the shrink's routing from d, t poisoned and y the
+// base before the call (plan dp, or the cached plans when null).
+struct DeltaDev {
+  DevData s, e;
+  explicit DeltaDev(const DeltaData& d) : s(d.s), e(d.e) {}
+  Status run(const DeltaData& d, const DeltaPlan* dp, cudaStream_t st) {
+    return moe_delta(d.s.pb, d.e.pb.N, dp, s.in.p, s.w.p, e.w.p, s.ranks.p, e.scales.p, s.routing(),
+                     s.out.p, e.out.p, st);
+  }
+  void reset(const DeltaData& d) { s.out.set(d.s.out), e.out.set(d.e.out); }
+};
+
+// The delta's CPU reference: t and y.
+std::pair<std::vector<uint16_t>, std::vector<uint16_t>> delta_cpu(const DeltaData& d) {
+  std::vector<uint16_t> t = d.s.out, y = d.e.out;
+  const Status st =
+      moe_delta_cpu(d.s.pb, d.e.pb.N, d.s.in.data(), d.s.w.data(), d.e.w.data(), d.s.ranks.data(),
+                    d.e.scales.data(), d.s.host_routing(), t.data(), y.data());
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return {t, y};
+}
+
+}  // namespace
+
+// moe_delta against its fp64 reference (t and y, fresh random inputs, t poisoned), bit-equal to
+// shrink() then expand() and to graph replays, on the stream kernels (aligned, early expand),
+// the grid shrink (T=1), the grid kernels (plain routing, blocks of 64), fp16, and every slot -1.
+TEST(LoraGpu, DeltaMatchesReferenceAndTheTwoCalls) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  struct DCase {
+    Case c;
+    int64_t n;
+  };
+  std::vector<DCase> cases;
+  Case base;
+  base.routing = RoutingKind::kAligned, base.k = 8, base.S = 8, base.E = 32, base.r_max = 32;
+  base.dim = 2048, base.block = 16;
+  for (int T : {1, 2, 8, 64}) {
+    Case c = base;
+    c.T = T;
+    cases.push_back({c, 1536});
+  }
+  {
+    Case c = base;  // odd sizes: K and N off the pieces and tiles, r_max 16
+    c.T = 5, c.dim = 1032, c.r_max = 16;
+    cases.push_back({c, 520});
+    c.dt = DType::kF16;
+    cases.push_back({c, 520});
+    c = base;
+    c.T = 8, c.routing = RoutingKind::kPlain;  // grid kernels
+    cases.push_back({c, 1024});
+    c = base;
+    c.T = 8, c.block = 64;  // aligned, blocks past the stream kernels': grid
+    cases.push_back({c, 1024});
+    c = base;
+    c.T = 8, c.slots = SlotMode::kAllNone;
+    cases.push_back({c, 1024});
+  }
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (const DCase& dc : cases) {
+    SCOPED_TRACE(dc.c.name() + " N" + std::to_string(dc.n));
+    const DeltaData d = make_delta(dc.c, dc.n, rng);
+    const auto [t_ref, y_ref] = delta_cpu(d);
+    DeltaDev g(d);
+    DeltaPlan dp;
+    ASSERT_TRUE(plan_delta(d.s.pb, dc.n, &dp).ok());
+    const bool stream_e = dc.c.routing == RoutingKind::kAligned && dc.c.block <= 32;
+    EXPECT_EQ(dp.expand.early_inputs, stream_e) << dp.to_string();
+    ASSERT_TRUE(g.run(d, nullptr, st).ok());
+    CK(cudaStreamSynchronize(st));
+    const std::vector<uint16_t> t = g.s.out.get(), y = g.e.out.get();
+    const Err et = compare(d.s, t, t_ref, d.s.out), ey = compare(d.e, y, y_ref, d.e.out);
+    EXPECT_LE(et.rel, tolerance(dc.c.dt)) << dp.to_string();
+    EXPECT_LE(ey.rel, tolerance(dc.c.dt)) << dp.to_string();
+    EXPECT_EQ(et.untouched_changed + ey.untouched_changed, 0) << dp.to_string();
+    EXPECT_EQ(et.nonfinite + ey.nonfinite, 0);
+    if (dc.c.slots == SlotMode::kAllNone) {
+      EXPECT_EQ(y, d.e.out);
+      EXPECT_EQ(t, d.s.out);
+    }
+    // The same bits as the two calls, and as the plan passed in.
+    g.reset(d);
+    ASSERT_TRUE(
+        shrink(d.s.pb, nullptr, g.s.in.p, g.s.w.p, g.s.ranks.p, g.s.routing(), g.s.out.p, st).ok());
+    ASSERT_TRUE(expand(d.e.pb, nullptr, g.s.out.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
+                       g.s.routing(), g.e.out.p, st)
+                    .ok());
+    CK(cudaStreamSynchronize(st));
+    EXPECT_EQ(g.s.out.get(), t);
+    EXPECT_EQ(g.e.out.get(), y) << "moe_delta differs from shrink() then expand()";
+    g.reset(d);
+    ASSERT_TRUE(g.run(d, &dp, st).ok());
+    CK(cudaStreamSynchronize(st));
+    EXPECT_EQ(g.e.out.get(), y) << "with the plan passed in";
+    // Captured once, replayed three times.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    const Status cs = g.run(d, &dp, st);
+    CK(cudaStreamEndCapture(st, &graph));
+    ASSERT_TRUE(cs.ok()) << cs.to_string();
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      g.reset(d);
+      CK(cudaGraphLaunch(exec, st));
+      CK(cudaStreamSynchronize(st));
+      EXPECT_EQ(g.s.out.get(), t) << "replay " << rep;
+      EXPECT_EQ(g.e.out.get(), y) << "replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  // Bad arguments: named, nothing written (both plans are checked before the shrink runs).
+  {
+    Case c = base;
+    c.T = 8;
+    const DeltaData d = make_delta(c, 1024, rng);
+    DeltaDev g(d);
+    DeltaPlan dp;
+    ASSERT_TRUE(plan_delta(d.s.pb, 1024, &dp).ok());
+    DeltaPlan wrong = dp;
+    wrong.expand.chunks += 1;  // an expand plan of another shape
+    Status s1 = g.run(d, &wrong, st);
+    EXPECT_NE(s1.message().find("expand plan does not match"), std::string::npos) << s1.message();
+    std::vector<uint16_t> host_y = d.e.out;
+    Status s2 = moe_delta(d.s.pb, 1024, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
+                          g.s.routing(), g.s.out.p, host_y.data(), st);
+    EXPECT_NE(s2.message().find("y"), std::string::npos) << s2.message();
+    Status s3 = moe_delta(d.s.pb, 1024, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, nullptr,
+                          g.s.routing(), g.s.out.p, g.e.out.p, st);
+    EXPECT_NE(s3.message().find("scales"), std::string::npos) << s3.message();
+    Status s4 = moe_delta(d.s.pb, 1000, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
+                          g.s.routing(), g.s.out.p, g.e.out.p, st);
+    EXPECT_NE(s4.message().find("N must be"), std::string::npos) << s4.message();
+    CK(cudaStreamSynchronize(st));
+    EXPECT_EQ(g.s.out.get(), d.s.out);
+    EXPECT_EQ(g.e.out.get(), d.e.out);
+  }
+  cudaStreamDestroy(st);
+}
+
+// The expand of moe_delta reads its weights before it waits for the shrink. That is valid only
+// if nothing launched before the shrink is still running then: a kernel before the delta that
+// lets the next one launch at once and writes B 200 us later must still be seen. The delta runs
+// after such a writer (eager and replayed from a graph; shrink early inputs off and on) and must
+// give the bits of a run with B already in place. Control (printed, not asserted: a race): the
+// same with shrink() then expand() under MOLORA_LORA_EARLY_INPUTS=1, whose shrink lets the
+// expand launch first thing and so may read the stale B.
+TEST(LoraGpu, DeltaWaitsForEverythingBeforeIt) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt); }
+  } reset;
+  std::mt19937_64 rng(fresh_seed());
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int T : {1, 2, 8}) {  // grid shrink at T=1, stream from T=2; few tasks: idle SMs
+    SCOPED_TRACE("T=" + std::to_string(T));
+    Case c;
+    c.routing = RoutingKind::kAligned, c.T = T, c.k = 8, c.S = 4, c.E = 16, c.r_max = 32;
+    c.dim = 1024, c.block = 16;
+    const DeltaData d = make_delta(c, 1024, rng);
+    const auto [t_ref, y_ref] = delta_cpu(d);
+    DeltaDev g(d);
+    Dev<uint16_t> b_true(d.e.w);
+    std::vector<uint16_t> stale(d.e.w.size());
+    for (auto& v : stale) v = to16(c.dt, std::uniform_real_distribution<float>(-1, 1)(rng));
+    const size_t b_bytes = d.e.w.size() * sizeof(uint16_t);
+    // With B in place.
+    ASSERT_TRUE(g.run(d, nullptr, st).ok());
+    CK(cudaStreamSynchronize(st));
+    const std::vector<uint16_t> y_good = g.e.out.get();
+    EXPECT_LE(compare(d.e, y_good, y_ref, d.e.out).rel, tolerance(c.dt));
+    // With the stale B: a different y, so a stale read would show.
+    g.reset(d);
+    g.e.w.set(stale);
+    ASSERT_TRUE(g.run(d, nullptr, st).ok());
+    CK(cudaStreamSynchronize(st));
+    ASSERT_NE(g.e.out.get(), y_good);
+    for (const char* early : {"0", "1"}) {
+      SCOPED_TRACE(std::string("MOLORA_LORA_EARLY_INPUTS=") + early);
+      molora::set_setting("MOLORA_LORA_EARLY_INPUTS", early);
+      DeltaPlan dp;
+      ASSERT_TRUE(plan_delta(d.s.pb, 1024, &dp).ok());
+      ASSERT_TRUE(dp.expand.early_inputs) << dp.to_string();
+      for (int rep = 0; rep < 2; ++rep) {
+        g.reset(d);
+        g.e.w.set(stale);
+        CK(launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st));
+        ASSERT_TRUE(g.run(d, nullptr, st).ok());
+        CK(cudaStreamSynchronize(st));
+        EXPECT_EQ(g.e.out.get(), y_good) << "eager " << rep;
+      }
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      CK(launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st));
+      const Status cs = g.run(d, &dp, st);
+      CK(cudaStreamEndCapture(st, &graph));
+      ASSERT_TRUE(cs.ok()) << cs.to_string();
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 2; ++rep) {
+        g.reset(d);
+        g.e.w.set(stale);
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaStreamSynchronize(st));
+        EXPECT_EQ(g.e.out.get(), y_good) << "graph " << rep;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    // Control: the two calls with early inputs on both.
+    molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "1");
+    g.reset(d);
+    g.e.w.set(stale);
+    CK(launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st));
+    ASSERT_TRUE(
+        shrink(d.s.pb, nullptr, g.s.in.p, g.s.w.p, g.s.ranks.p, g.s.routing(), g.s.out.p, st).ok());
+    ASSERT_TRUE(expand(d.e.pb, nullptr, g.s.out.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
+                       g.s.routing(), g.e.out.p, st)
+                    .ok());
+    CK(cudaStreamSynchronize(st));
+    const bool stale_read = g.e.out.get() != y_good;
+    std::printf(
+        "[lora] control T=%d: shrink() then expand() with early inputs after the late "
+        "writer %s\n",
+        T, stale_read ? "read the stale B (the race moe_delta closes)" : "read the new B");
+    molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
+  }
+  cudaStreamDestroy(st);
 }
 
 TEST(LoraGpu, BadArgumentsAreRejected) {

@@ -194,6 +194,100 @@ TEST(LoraCpu, ValidationNamesTheArgumentAndWritesNothing) {
   }
 }
 
+// moe_delta_cpu against the naive loops composed by hand: t rounded to the storage type, then
+// y += scale * B t, each sum in fp64 and rounded once; t holds the shrink's rows.
+TEST(LoraCpu, DeltaIsShrinkThenExpand) {
+  std::mt19937_64 rng(fresh_seed());
+  for (Case c : cases()) {
+    if (c.op != Op::kShrink) continue;
+    for (int64_t n : {int64_t{8}, int64_t{40}}) {
+      SCOPED_TRACE(c.name() + " N" + std::to_string(n));
+      DeltaData d = make_delta(c, n, rng);
+      std::vector<uint16_t> t = d.s.out, y = d.e.out;
+      const Status st =
+          moe_delta_cpu(d.s.pb, n, d.s.in.data(), d.s.w.data(), d.e.w.data(), d.s.ranks.data(),
+                        d.e.scales.data(), d.s.host_routing(), t.data(), y.data());
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      const std::vector<double> t_want = naive(d.s);
+      Data e = d.e;
+      const int64_t P = int64_t(c.T) * c.k;
+      for (int64_t i = 0; i < P * c.r_max; ++i) e.in[i] = to16(c.dt, float(t_want[i]));
+      const std::vector<double> y_want = naive(e);
+      for (int64_t p = 0; p < P; ++p) {
+        const int s = d.s.slot[p / c.k];
+        for (int r = 0; r < c.r_max; ++r) {
+          const int64_t i = p * c.r_max + r;
+          if (s >= 0 && r < d.s.ranks[s]) {
+            ASSERT_EQ(t[i], e.in[i]) << "t, pair " << p << " rank row " << r;
+          } else {
+            ASSERT_EQ(t[i], d.s.out[i]) << "t written past the rank or for no adapter, pair " << p;
+          }
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t i = p * n + j;
+          if (s < 0) {
+            ASSERT_EQ(y[i], d.e.out[i]) << "y of a pair without adapter changed, pair " << p;
+          } else {
+            ASSERT_EQ(y[i], to16(c.dt, float(y_want[i]))) << "y, pair " << p << " col " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every argument error of moe_delta_cpu names the argument and writes neither t nor y (the
+// expand's checks run before the shrink writes t).
+TEST(LoraCpu, DeltaValidationWritesNothing) {
+  std::mt19937_64 rng(fresh_seed());
+  Case c;
+  c.routing = RoutingKind::kAligned;
+  DeltaData base = make_delta(c, 48, rng);
+  struct Bad {
+    const char* word;
+    int64_t n;
+    void (*mutate)(DeltaData&);
+    bool null_scales, t_is_y;
+  };
+  const Bad bads[] = {
+      {"N must be", 12, [](DeltaData&) {}, false, false},
+      {"N must be", 0, [](DeltaData&) {}, false, false},
+      {"scales", 48, [](DeltaData&) {}, true, false},
+      {"different buffers", 48, [](DeltaData&) {}, false, true},
+      {"op shrink", 48, [](DeltaData& d) { d.s.pb.op = Op::kExpand; }, false, false},
+      {"ranks", 48, [](DeltaData& d) { d.s.ranks[1] = d.s.pb.r_max + 1; }, false, false},
+      {"expert_ids", 48,
+       [](DeltaData& d) { d.s.expert_ids[0] = d.s.pb.num_slots * d.s.pb.num_experts; }, false,
+       false},
+  };
+  for (const Bad& b : bads) {
+    SCOPED_TRACE(b.word);
+    DeltaData d = base;
+    b.mutate(d);
+    std::vector<uint16_t> t = d.s.out, y = d.e.out;
+    const Status st = moe_delta_cpu(d.s.pb, b.n, d.s.in.data(), d.s.w.data(), d.e.w.data(),
+                                    d.s.ranks.data(), b.null_scales ? nullptr : d.e.scales.data(),
+                                    d.s.host_routing(), t.data(), b.t_is_y ? t.data() : y.data());
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(b.word), std::string::npos) << st.message();
+    EXPECT_EQ(t, d.s.out) << "t written despite the error";
+    EXPECT_EQ(y, d.e.out) << "y written despite the error";
+  }
+  // Without CUDA the device call says so after the same checks; with CUDA, host pointers are
+  // refused before anything launches.
+  std::vector<uint16_t> t = base.s.out, y = base.e.out;
+  const Status st = moe_delta(base.s.pb, 48, nullptr, base.s.in.data(), base.s.w.data(),
+                              base.e.w.data(), base.s.ranks.data(), base.e.scales.data(),
+                              base.s.host_routing(), t.data(), y.data(), nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(t, base.s.out);
+  EXPECT_EQ(y, base.e.out);
+  EXPECT_EQ(moe_delta(base.s.pb, 12, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                      Routing{}, nullptr, nullptr, nullptr)
+                .code(),
+            molora::StatusCode::kInvalidArgument);
+}
+
 TEST(LoraCpu, HalfAndBf16Conversions) {
   using namespace molora::lora::detail;
   for (float f : {0.f, 1.f, -2.5f, 65504.f, 0x1p-14f, 0x1p-24f, 0x1.8p-20f})
@@ -386,6 +480,61 @@ TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
   st = plan(pb, &pl, o);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("early_inputs"), std::string::npos) << st.message();
+}
+
+// plan_delta: the shrink's plan as plan() gives it (early inputs as asked), the expand's with
+// early inputs wherever its kernel has them (stream, dependent launch); both in the JSON.
+TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
+  struct Reset {
+    ~Reset() {
+      molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
+      molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
+    }
+  } reset;
+  Problem pb = seed_expand_aligned();
+  pb.op = Op::kShrink, pb.K = 6144, pb.N = 0;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  DeltaPlan d;
+  ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
+  EXPECT_EQ(d.shrink.variant.rfind("shrink.", 0), 0u) << d.shrink.variant;
+  EXPECT_EQ(d.expand.variant.rfind("expand.", 0), 0u) << d.expand.variant;
+  EXPECT_FALSE(d.shrink.early_inputs);
+  EXPECT_TRUE(d.expand.early_inputs) << d.expand.to_string();
+  Plan pe;
+  ASSERT_TRUE(plan(delta_expand_problem(pb, 4096), &pe, o).ok());
+  EXPECT_EQ(pe.tile, d.expand.tile);
+  EXPECT_EQ(pe.grid, d.expand.grid);
+  EXPECT_FALSE(pe.early_inputs);  // (plan() alone: off by default)
+  EXPECT_NE(d.to_string().find("expand: "), std::string::npos) << d.to_string();
+  const std::string js = d.to_json();
+  EXPECT_NE(js.find("{\"shrink\": {"), std::string::npos) << js;
+  EXPECT_NE(js.find(", \"expand\": {"), std::string::npos) << js;
+  EXPECT_NE(js.find("\"early_inputs\":true"), std::string::npos) << js;
+  o.early_inputs = 1;  // the option reaches the shrink
+  ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
+  EXPECT_TRUE(d.shrink.early_inputs);
+  o.early_inputs = -1;
+  o.kernel = "grid";  // the grid expand reads nothing early
+  ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
+  EXPECT_FALSE(d.expand.early_inputs);
+  o.kernel.clear();
+  molora::set_setting("MOLORA_LORA_PDL", "0");  // no dependent launch: nothing to read before
+  ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
+  EXPECT_FALSE(d.expand.early_inputs);
+  molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
+  Problem plain = pb;  // plain routing: the grid kernels
+  plain.routing = RoutingKind::kPlain, plain.block_size = 0, plain.sorted_len = 0;
+  ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
+  EXPECT_FALSE(d.expand.early_inputs);
+  // Errors: the expand's N, an expand problem, no output.
+  Status st = plan_delta(pb, 12, &d, o);
+  EXPECT_NE(st.message().find("N must be"), std::string::npos) << st.message();
+  Problem ex = delta_expand_problem(pb, 4096);
+  st = plan_delta(ex, 4096, &d, o);
+  EXPECT_NE(st.message().find("op shrink"), std::string::npos) << st.message();
+  EXPECT_FALSE(plan_delta(pb, 4096, nullptr, o).ok());
 }
 
 TEST(LoraPlan, StreamKernelChoice) {

@@ -178,6 +178,29 @@ inline Data make_data(const Case& c, std::mt19937_64& rng) {
   return d;
 }
 
+// Gives `to` (an expand) the routing, ranks and layout of `from` (a shrink), so that the expand
+// reads the pairs the shrink wrote.
+inline void share_routing(Data& to, const Data& from) {
+  to.ranks = from.ranks, to.slot = from.slot, to.topk = from.topk, to.sorted = from.sorted;
+  to.expert_ids = from.expert_ids, to.ntpp = from.ntpp, to.pb.sorted_len = from.pb.sorted_len;
+}
+
+// One layer's delta (moe_delta): the shrink's data (x, A, the poisoned t) and the expand's (B,
+// scales, the base y), with the shrink's routing and ranks. `n` is the expand's N.
+struct DeltaData {
+  Data s, e;
+};
+inline DeltaData make_delta(Case c, int64_t n, std::mt19937_64& rng) {
+  DeltaData d;
+  c.op = Op::kShrink;
+  d.s = make_data(c, rng);
+  c.op = Op::kExpand;
+  c.dim = n;
+  d.e = make_data(c, rng);
+  share_routing(d.e, d.s);
+  return d;
+}
+
 // Max |a-b| over active rows divided by max |ref| (a relative error that ignores cancellation).
 struct Err {
   double rel = 0;

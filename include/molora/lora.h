@@ -150,6 +150,41 @@ Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void*
               const int32_t* ranks, const float* scales, const Routing& rt, void* y,
               cudaStream_t stream);
 
+// --- The whole delta of one MoE layer's LoRA in one call: shrink, then expand -----------------
+//   t[p, :r_s] = A[s, e, :r_s, :] @ x[token(p), :],  y[p, :] += scale_s * B[s, e, :, :r_s] @ t[p,
+//   :r_s]
+// Two kernels, one call. What it adds over calling shrink and expand: the expand reads its
+// routing, ranks, scales and weights and issues its first weight copies while the shrink is still
+// finishing (Plan::early_inputs on the expand's plan, where its kernel has them), which is always
+// valid here, because the kernel before the expand is this call's own shrink (it writes t only),
+// and the shrink lets the expand launch only after its own wait for the kernel before it (so
+// nothing launched earlier in the stream is still running when the expand starts).
+// `pb` is the shrink's Problem (op kShrink, K set, N = 0); N is the expand's output features.
+struct DeltaPlan {
+  Plan
+      shrink;  // early inputs as PlanOptions / MOLORA_LORA_EARLY_INPUTS say (the caller's contract)
+  Plan expand;  // early inputs on wherever the expand's kernel has them (stream kernel with pdl)
+  std::string to_string() const;
+  std::string to_json() const;  // {"shrink": {...}, "expand": {...}}
+};
+// The two plans of a moe_delta call (the expand's Problem is pb with op kExpand, K = 0, N).
+// opt applies to both, except early_inputs, which applies to the shrink only.
+Status plan_delta(const Problem& pb, int64_t N, DeltaPlan* out, const PlanOptions& opt = {});
+// The Problem of the delta's expand: pb with op kExpand, K = 0 and N.
+Problem delta_expand_problem(const Problem& pb, int64_t N);
+// CUDA: x [T,K], A [S,E,r_max,K], B [S,E,N,r_max], ranks int32 [S], scales f32 [S], t [P, r_max]
+// (workspace: written for active pairs, then read by the expand), y [P, N] updated in place.
+// `plan_in` null: the call plans (cached per shape). Both plans and every pointer are checked
+// before either kernel launches: on an error nothing is written. A plan passed in whose expand
+// has early_inputs off runs exactly as shrink() followed by expand().
+Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const void* x,
+                 const void* A, const void* B, const int32_t* ranks, const float* scales,
+                 const Routing& rt, void* t, void* y, cudaStream_t stream);
+// CPU reference of the same: shrink_cpu into t, then expand_cpu from it.
+Status moe_delta_cpu(const Problem& pb, int64_t N, const void* x, const void* A, const void* B,
+                     const int32_t* ranks, const float* scales, const Routing& rt, void* t,
+                     void* y);
+
 // CPU reference (host pointers; dtype f32, f16 or bf16). Validates every id first and writes
 // nothing on error. Accumulates in fp64, rounds t to the storage dtype like the kernels.
 Status shrink_cpu(const Problem& pb, const void* x, const void* A, const int32_t* ranks,

@@ -20,7 +20,7 @@ from typing import Any
 from . import _molora
 from ._arrays import empty_like_framework, framework, is_cuda, stream_handle
 
-__all__ = ["lora_shrink", "lora_expand", "lora_plan"]
+__all__ = ["lora_shrink", "lora_expand", "lora_moe_delta", "lora_plan"]
 
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "bf16": "bf16",
                 "f16": "f16", "f32": "f32", "fp16": "f16", "half": "f16"}
@@ -89,6 +89,36 @@ def lora_expand(t, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scales=Non
     return y
 
 
+def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scales=None,
+                   sorted_token_ids=None, expert_ids=None, num_tokens_post_pad=None,
+                   block_size: int = 0, top_k: int = 0, t=None, stream=None):
+    """One layer's whole LoRA delta in one call: ``t[p, :r_s] = A[s, e, :r_s, :] @ x[token(p)]``,
+    then ``y[p, :] += scale_s * B[s, e, :, :r_s] @ t[p, :r_s]`` in place, for every pair with
+    slot ``s >= 0``; returns ``y``.
+
+    The same results, bit for bit, as :func:`lora_shrink` then :func:`lora_expand`. On CUDA it
+    is faster: the expand reads its routing, ranks, scales and weights while the shrink is still
+    finishing (always valid here, since the kernel before it is this call's own shrink; see
+    docs/lora.md "moe_delta"). ``t`` [T*k, r_max] is the workspace between the two kernels
+    (give one to avoid an allocation per call; a fresh zero-filled array otherwise). ``ranks``
+    defaults to ``r_max`` for every slot, ``scales`` to 1. Every argument is checked before
+    either kernel runs: on an error nothing is written.
+    """
+    S, _, r_max, _ = A.shape
+    T = x.shape[0]
+    k = topk_ids.shape[1] if topk_ids is not None else top_k
+    if ranks is None:
+        ranks = _full(A, S, r_max, "int32")
+    if scales is None:
+        scales = _full(A, S, 1.0, "float32")
+    if t is None:
+        t = _zeros(x, (T * k, r_max), _dtype_str(x))
+    _molora.lora_moe_delta(x, A, B, ranks, scales, topk_ids, slot_ids, sorted_token_ids,
+                           expert_ids, num_tokens_post_pad, int(block_size), int(top_k), t, y,
+                           stream_handle(stream, x) if is_cuda(x) else 0)
+    return y
+
+
 def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_slots: int,
               num_experts: int, r_max: int, K: int = 0, N: int = 0, routing: str = "plain",
               block_size: int = 0, sorted_len: int | None = None, stats: dict | None = None,
@@ -111,9 +141,11 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     before; off unless MOLORA_LORA_EARLY_INPUTS=1, valid only where nothing still running
     writes them; docs/lora.md "Early inputs").
 
-    Shrink takes ``K`` (input features), expand takes ``N`` (output features)."""
-    if op not in ("shrink", "expand"):
-        raise ValueError(f"op must be 'shrink' or 'expand', got {op!r}")
+    Shrink takes ``K`` (input features), expand takes ``N`` (output features). ``op="delta"``
+    gives the two plans of :func:`lora_moe_delta` (``K`` and ``N``) as ``{"shrink": {...},
+    "expand": {...}}``; its expand reads its inputs early wherever its kernel can."""
+    if op not in ("shrink", "expand", "delta"):
+        raise ValueError(f"op must be 'shrink', 'expand' or 'delta', got {op!r}")
     dt = _DTYPE_NAMES.get(str(dtype).replace("torch.", ""))
     if dt is None:
         raise TypeError(f"dtype must be bf16, f16 or f32, got {dtype!r}")

@@ -19,7 +19,7 @@ using Opt = std::optional<nb::ndarray<>>;
 Op parse_op(const std::string& s) {
   if (s == "shrink") return Op::kShrink;
   if (s == "expand") return Op::kExpand;
-  throw nb::value_error(("op must be 'shrink' or 'expand', got '" + s + "'").c_str());
+  throw nb::value_error(("op must be 'shrink', 'expand' or 'delta', got '" + s + "'").c_str());
 }
 DType parse_dtype(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
@@ -106,8 +106,10 @@ Binder bind_lora([](nb::module_& m) {
          int64_t active_tokens, int64_t distinct_pairs, int64_t distinct_rank8,
          int64_t active_rank8, double bandwidth_gbps, int sm_count, const std::string& config,
          int force_tile, int force_unroll, const std::string& kernel) {
+        // "delta": moe_delta's two plans (the shrink's problem with K, the expand's N).
+        const bool delta = op == "delta";
         lora::Problem pb;
-        pb.op = parse_op(op);
+        pb.op = delta ? Op::kShrink : parse_op(op);
         pb.dtype = parse_dtype(dtype);
         pb.num_tokens = num_tokens;
         pb.top_k = top_k;
@@ -115,7 +117,7 @@ Binder bind_lora([](nb::module_& m) {
         pb.num_experts = num_experts;
         pb.r_max = r_max;
         pb.K = K;
-        pb.N = N;
+        pb.N = delta ? 0 : N;
         if (routing != "plain" && routing != "aligned")
           throw nb::value_error("routing must be 'plain' or 'aligned'");
         pb.routing = routing == "plain" ? RoutingKind::kPlain : RoutingKind::kAligned;
@@ -131,6 +133,11 @@ Binder bind_lora([](nb::module_& m) {
         o.force_tile = force_tile;
         o.force_unroll = force_unroll;
         o.kernel = kernel;
+        if (delta) {
+          lora::DeltaPlan dp;
+          throw_if_error(lora::plan_delta(pb, N, &dp, o));
+          return dp.to_json();
+        }
         lora::Plan pl;
         throw_if_error(lora::plan(pb, &pl, o));
         return pl.to_json();
@@ -230,6 +237,58 @@ Binder bind_lora([](nb::module_& m) {
       nb::arg("num_tokens_post_pad").none(), nb::arg("block_size"), nb::arg("top_k"), nb::arg("y"),
       nb::arg("stream"),
       "y[p] += scale_s * B[s, e, :, :r_s] @ t[p, :r_s] in place (see molora.lora_expand).");
+
+  m.def(
+      "lora_moe_delta",
+      [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> B, nb::ndarray<> ranks,
+         nb::ndarray<> scales, Opt topk, Opt slot, Opt sorted, Opt eids, Opt ntpp, int block_size,
+         int top_k, nb::ndarray<> t, nb::ndarray<> y, uintptr_t stream) {
+        const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+        check_operands(x, "x", dt,
+                       {{A, "A", std::nullopt, 4},
+                        {B, "B", std::nullopt, 4},
+                        {t, "t", std::nullopt, 2},
+                        {y, "y", std::nullopt, 2},
+                        {ranks, "ranks", DType::kI32, 1},
+                        {scales, "scales", DType::kF32, 1}});
+        lora::Problem pb;
+        pb.op = Op::kShrink;
+        pb.dtype = dt;
+        pb.num_tokens = static_cast<int64_t>(x.shape(0));
+        pb.K = static_cast<int64_t>(x.shape(1));
+        pb.num_slots = static_cast<int>(A.shape(0));
+        pb.num_experts = static_cast<int>(A.shape(1));
+        pb.r_max = static_cast<int>(A.shape(2));
+        check_dim(A, "A", 3, pb.K, "K = x.shape[1]");
+        check_dim(B, "B", 0, pb.num_slots, "num_slots = A.shape[0]");
+        check_dim(B, "B", 1, pb.num_experts, "num_experts = A.shape[1]");
+        check_dim(B, "B", 3, pb.r_max, "r_max = A.shape[2]");
+        const int64_t N = static_cast<int64_t>(B.shape(2));
+        check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = A.shape[0]");
+        check_dim(scales, "scales", 0, pb.num_slots, "num_slots = A.shape[0]");
+        lora::Routing rt;
+        routing_of(pb, rt, x, "x", topk, slot, sorted, eids, ntpp, block_size, top_k);
+        check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+        check_dim(t, "t", 1, pb.r_max, "r_max = A.shape[2]");
+        check_dim(y, "y", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+        check_dim(y, "y", 1, N, "N = B.shape[2]");
+        const int32_t* rk = static_cast<const int32_t*>(ranks.data());
+        const float* sc = static_cast<const float*>(scales.data());
+        if (is_cuda(x, "x")) {
+          throw_if_error(lora::moe_delta(pb, N, nullptr, x.data(), A.data(), B.data(), rk, sc, rt,
+                                         t.data(), y.data(), as_stream(stream)));
+        } else {
+          nb::gil_scoped_release nogil;
+          throw_if_error(lora::moe_delta_cpu(pb, N, x.data(), A.data(), B.data(), rk, sc, rt,
+                                             t.data(), y.data()));
+        }
+      },
+      nb::arg("x"), nb::arg("A"), nb::arg("B"), nb::arg("ranks"), nb::arg("scales"),
+      nb::arg("topk_ids").none(), nb::arg("slot_ids").none(), nb::arg("sorted_token_ids").none(),
+      nb::arg("expert_ids").none(), nb::arg("num_tokens_post_pad").none(), nb::arg("block_size"),
+      nb::arg("top_k"), nb::arg("t"), nb::arg("y"), nb::arg("stream"),
+      "y[p] += scale_s * B[s, e, :, :r_s] @ (A[s, e, :r_s] @ x[token(p)]), t the workspace (see "
+      "molora.lora_moe_delta).");
 });
 
 }  // namespace

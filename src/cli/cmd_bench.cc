@@ -32,8 +32,9 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                    "Seed shape name, e.g. N6144_r32_V160x8, or any "
                    "N<dim>_r<r_max>_V<experts>x<slots> (one-shape mode)");
   lora->add_option("--op", *op,
-                   "expand, shrink, or chain: shrink -> expand pairs, N = K (one-shape mode)")
-      ->check(CLI::IsMember({"expand", "shrink", "chain"}));
+                   "expand, shrink, chain: shrink -> expand pairs, N = K, or delta: the same "
+                   "pairs as one moe_delta call each (one-shape mode)")
+      ->check(CLI::IsMember({"expand", "shrink", "chain", "delta"}));
   lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
       ->check(CLI::IsMember({"plain", "aligned"}));
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
@@ -69,15 +70,17 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->callback([=, &exit_code] {
     molora::Status st;
     if (!shape->empty()) {
-      if (*op == "chain" && (*layers > 0 || *timeline)) {  // (both time one op)
+      const bool pair = *op == "chain" || *op == "delta";
+      if (pair && (*layers > 0 || *timeline)) {  // (both time one op)
         std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
-                  << " times one op; it does not take --op chain\n";
+                  << " times one op; it does not take --op " << *op << "\n";
         exit_code = 2;
         return;
       }
       molora::lora::bench::Case c;
       c.op = *op == "expand" ? molora::lora::Op::kExpand : molora::lora::Op::kShrink;
-      c.chain = *op == "chain";
+      c.chain = pair;
+      c.delta = *op == "delta";
       c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
                                       : molora::lora::RoutingKind::kAligned;
       c.kernel = *kernel;

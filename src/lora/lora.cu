@@ -320,8 +320,11 @@ __device__ void expand_item(const KernelArgs& a, int v, int r, float scale, cons
 // paths, H100, bench/NOTES.md "lora v0.15" and "lora v0.16".)
 template <Op OP, typename T, int U, bool PLAIN>
 __global__ void __launch_bounds__(kThreads, 2) molora_lora_kernel(KernelArgs a) {
-  pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
-  pdl_wait();     // the kernel before this one is done (a no-op without the launch attribute)
+  // The next call may launch now (it waits for this one before touching memory); with
+  // late_trigger only once the kernel before this one is done (moe_delta, KernelArgs).
+  if (!a.late_trigger) pdl_trigger();
+  pdl_wait();  // the kernel before this one is done (a no-op without the launch attribute)
+  if (a.late_trigger) pdl_trigger();
   extern __shared__ int s_mem[];
   __shared__ int s_wcnt[kWarps];
   __shared__ float s_red[kWarps][kShrinkMembers];

@@ -440,6 +440,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   MOLORA_RETURN_IF_ERROR(plan(pb, &run_plan, po));
   // The chain's expand: B [V, N = dim, r] (its own buffer), t = the shrink's output, y [P, N].
   Plan plan_e;
+  DeltaPlan plan_d;
   Buf& w2 = buf("w2");
   Buf& y = buf("y");
   if (c.chain) {
@@ -448,7 +449,9 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     MOLORA_RETURN_IF_ERROR(y.ensure(size_t(P) * sh.dim * 2));
     MOLORA_CUDA_CHECK(cudaMemset(y.p, 0, size_t(P) * sh.dim * 2));
     MOLORA_RETURN_IF_ERROR(plan(pbe, &plan_e, po));
+    if (c.delta) MOLORA_RETURN_IF_ERROR(plan_delta(pb, sh.dim, &plan_d, po));
   }
+  if (c.delta && !c.chain) return Status::InvalidArgument("delta times a chain");
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto call_op = [&](int i, const void* wp) {  // the case's op at routing i % kRot, weights wp
@@ -457,6 +460,9 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
                                : expand(pb, &run_plan, in.p, wp, d_ranks, d_scales, rt, o.p, s);
   };
   auto call = [&](int i) -> Status {
+    if (c.delta)
+      return moe_delta(pb, sh.dim, &plan_d, in.p, w_at(w, i), w_at(w2, i), d_ranks, d_scales,
+                       rts[i % kRot], o.p, y.p, s);
     MOLORA_RETURN_IF_ERROR(call_op(i, w_at(w, i)));
     if (!c.chain) return Status::Ok();
     return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i % kRot], y.p, s);
@@ -485,7 +491,8 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   r.gbps = r.bytes / (r.us * 1e3);
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
   MOLORA_RETURN_IF_ERROR(measure_copy_us(r.bytes, &r.copy_us));
-  r.plan = run_plan;
+  r.plan = c.delta ? plan_d.shrink : run_plan;
+  r.plan_expand = c.delta ? plan_d.expand : plan_e;
   *out = r;
   return Status::Ok();
 }
@@ -609,6 +616,30 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         summary.push_back(line);
       }
     }
+  // The pair of one layer (shrink -> expand, N = K, aligned): the two calls against one
+  // moe_delta, in the same run.
+  if (!quick)
+    for (const Shape& sh : seed_shapes())
+      for (int T : {1, 8, 32, 64}) {
+        Result rc, rd;
+        Case c;
+        c.op = Op::kShrink, c.shape = sh, c.T = T, c.routing = RoutingKind::kAligned;
+        c.chain = true;
+        MOLORA_RETURN_IF_ERROR(run_case(c, copy, &rc));
+        c.delta = true;
+        MOLORA_RETURN_IF_ERROR(run_case(c, copy, &rd));
+        std::ostringstream ks, ke;
+        ks << op_name(Op::kShrink) << sh.name << T << 0.0 << "aligned";
+        ke << op_name(Op::kExpand) << sh.name << T << 0.0 << "aligned";
+        const double alone =
+            t_at.count(ks.str()) && t_at.count(ke.str()) ? t_at[ks.str()] + t_at[ke.str()] : 0.0;
+        std::snprintf(line, sizeof line,
+                      "SUMMARY lora pair %s T=%d: shrink then expand %.2f us, moe_delta %.2f us "
+                      "(%.3fx; expand %s), the two ops timed alone %.2f us; floor %.2f us",
+                      sh.name.c_str(), T, rc.us, rd.us, rd.us / rc.us,
+                      rd.plan_expand.early_inputs ? "early" : "not early", alone, rd.floor_us);
+        summary.push_back(line);
+      }
   os << "copy bandwidth (device-to-device, read+write): " << copy << " GB/s\n";
   os << "empty launch (graph replay, one CTA per SM x 384 threads): " << empty_us << " us\n";
   os << "weights: the timed calls cycle through w copies (plan column), one per rotating "

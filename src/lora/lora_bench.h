@@ -47,6 +47,9 @@ struct Case {
   // shrink wrote, N = K = shape.dim, the same routing): the two calls a fused shrink+expand
   // would replace. bytes and floor are those of both calls.
   bool chain = false;
+  // With chain: the pair through one moe_delta call (DeltaPlan: the expand reads its routing,
+  // ranks, scales and weights while the shrink finishes) instead of shrink() then expand().
+  bool delta = false;
   // Distinct copies of the weights that the timed calls cycle through (call i reads copy
   // i % weight_copies). An engine's decode step never finds a call's weights in L2 (every layer
   // has its own, and the other layers' pass between two calls of one), so the timing should not
@@ -104,7 +107,8 @@ struct Result {
   // as the call is: what the GPU's own copy pays at this size, launch and ramp included, where
   // floor_us counts the bytes alone. 0 when no byte must move.
   double copy_us = 0;
-  Plan plan;
+  Plan plan;         // the call's (a chain's: the shrink's)
+  Plan plan_expand;  // a chain's expand (Case::chain)
   // With Case::layers: host time per eager call (enqueue only, the GPU runs behind), first over
   // the layers with the tensor-map cache emptied (every stream call encodes its maps: what a
   // cache of the last call's maps paid at every call when layers alternate), then warm (eight

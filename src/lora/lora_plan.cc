@@ -395,4 +395,33 @@ std::string Plan::to_json() const {
   return j.dump();
 }
 
+Problem delta_expand_problem(const Problem& pb, int64_t N) {
+  Problem e = pb;
+  e.op = Op::kExpand;
+  e.K = 0;
+  e.N = N;
+  return e;
+}
+
+Status plan_delta(const Problem& pb, int64_t N, DeltaPlan* out, const PlanOptions& opt) {
+  if (out == nullptr) return Status::InvalidArgument("plan_delta: out is null");
+  if (pb.op != Op::kShrink)
+    return Status::InvalidArgument("plan_delta takes the shrink's problem (op shrink, K set)");
+  DeltaPlan d;
+  MOLORA_RETURN_IF_ERROR(plan(pb, &d.shrink, opt));
+  PlanOptions oe = opt;
+  oe.early_inputs = 1;  // (valid after the call's own shrink: lora.h)
+  MOLORA_RETURN_IF_ERROR(plan(delta_expand_problem(pb, N), &d.expand, oe));
+  *out = d;
+  return Status::Ok();
+}
+
+std::string DeltaPlan::to_string() const {
+  return "shrink: " + shrink.to_string() + "; expand: " + expand.to_string();
+}
+
+std::string DeltaPlan::to_json() const {
+  return "{\"shrink\": " + shrink.to_json() + ", \"expand\": " + expand.to_json() + "}";
+}
+
 }  // namespace molora::lora

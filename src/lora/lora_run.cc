@@ -12,7 +12,8 @@ namespace {
 
 #if MOLORA_HAVE_CUDA
 // Plans of the calls that pass none, keyed by shape, device and config setting.
-Status cached_plan(const Problem& pb, Plan* out) {
+// early: PlanOptions::early_inputs of the plan (-1: the setting; moe_delta's expand: 1).
+Status cached_plan(const Problem& pb, Plan* out, int early = -1) {
   static std::mutex m;
   static std::map<std::string, Plan> cache;
   int dev = 0;
@@ -23,7 +24,7 @@ Status cached_plan(const Problem& pb, Plan* out) {
       << ':' << pb.N << ':' << static_cast<int>(pb.routing) << ':' << pb.block_size << ':'
       << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG") << ':'
       << get_setting("MOLORA_LORA_KERNEL") << ':' << get_setting("MOLORA_LORA_PDL") << ':'
-      << get_setting("MOLORA_LORA_EARLY_INPUTS");
+      << get_setting("MOLORA_LORA_EARLY_INPUTS") << ':' << early;
   {
     std::lock_guard<std::mutex> lock(m);
     auto it = cache.find(key.str());
@@ -32,7 +33,9 @@ Status cached_plan(const Problem& pb, Plan* out) {
       return Status::Ok();
     }
   }
-  MOLORA_RETURN_IF_ERROR(plan(pb, out));
+  PlanOptions o;
+  o.early_inputs = early;
+  MOLORA_RETURN_IF_ERROR(plan(pb, out, o));
   std::lock_guard<std::mutex> lock(m);
   cache[key.str()] = *out;
   return Status::Ok();
@@ -70,15 +73,18 @@ Status check_ptrs(const Problem& pb, const Routing& rt, cudaStream_t stream,
   return Status::Ok();
 }
 
-Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStream_t stream) {
+// Fills a's sizes from pb and the plan (plan_in, or the cached one in *local) and checks that
+// the plan matches the problem; *use is the plan to launch.
+Status prepare(const Problem& pb, const Plan* plan_in, Plan* local, detail::KernelArgs* ap,
+               const Plan** use, int early = -1) {
   if (pb.dtype != DType::kBF16 && pb.dtype != DType::kF16)
     return Status::InvalidArgument(std::string("dtype must be bf16 or f16 on the GPU, got ") +
                                    dtype_name(pb.dtype));
-  Plan local;
   if (plan_in == nullptr) {
-    MOLORA_RETURN_IF_ERROR(cached_plan(pb, &local));
-    plan_in = &local;
+    MOLORA_RETURN_IF_ERROR(cached_plan(pb, local, early));
+    plan_in = local;
   }
+  detail::KernelArgs& a = *ap;
   a.T = pb.num_tokens;
   a.P = pb.num_tokens * pb.top_k;
   a.k = pb.top_k;
@@ -108,10 +114,24 @@ Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStr
   if (!shape_ok || plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
       plan_in->grid < 1)
     return Status::InvalidArgument(
-        "plan does not match the problem (plan: " + plan_in->to_string() + ")");
-  if (a.P == 0 || plan_in->max_items == 0) return Status::Ok();
-  if (stream_plan) return detail::launch_stream(pb.op, pb.dtype, a, *plan_in, stream);
-  return detail::launch(pb.op, pb.dtype, a, *plan_in, stream);
+        std::string(op_name(pb.op)) +
+        " plan does not match the problem (plan: " + plan_in->to_string() + ")");
+  *use = plan_in;
+  return Status::Ok();
+}
+
+Status launch_prepared(const Problem& pb, const Plan& pl, const detail::KernelArgs& a,
+                       cudaStream_t stream) {
+  if (a.P == 0 || pl.max_items == 0) return Status::Ok();
+  if (pl.kernel == "stream") return detail::launch_stream(pb.op, pb.dtype, a, pl, stream);
+  return detail::launch(pb.op, pb.dtype, a, pl, stream);
+}
+
+Status run(const Problem& pb, const Plan* plan_in, detail::KernelArgs a, cudaStream_t stream) {
+  Plan local;
+  const Plan* use = nullptr;
+  MOLORA_RETURN_IF_ERROR(prepare(pb, plan_in, &local, &a, &use));
+  return launch_prepared(pb, *use, a, stream);
 }
 #endif
 
@@ -157,6 +177,41 @@ Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void*
   return run(pb, plan_in, a, stream);
 #else
   (void)plan_in, (void)t, (void)B, (void)ranks, (void)scales, (void)rt, (void)y, (void)stream;
+  return Status::Unavailable("molora was built without CUDA");
+#endif
+}
+
+Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const void* x,
+                 const void* A, const void* B, const int32_t* ranks, const float* scales,
+                 const Routing& rt, void* t, void* y, cudaStream_t stream) {
+  if (pb.op != Op::kShrink)
+    return Status::InvalidArgument("moe_delta takes the shrink's problem (op shrink, K set)");
+  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  const Problem pbe = delta_expand_problem(pb, N);
+  MOLORA_RETURN_IF_ERROR(validate_problem(pbe));
+#if MOLORA_HAVE_CUDA
+  if (pb.num_tokens == 0) return Status::Ok();
+  MOLORA_RETURN_IF_ERROR(check_ptrs(
+      pb, rt, stream,
+      {{x, "x"}, {A, "A"}, {B, "B"}, {ranks, "ranks"}, {scales, "scales"}, {t, "t"}, {y, "y"}}));
+  if (t == y) return Status::InvalidArgument("t and y must be different buffers");
+  detail::KernelArgs as, ae;
+  as.w = A, as.in = x, as.out = t, as.ranks = ranks, as.rt = rt;
+  ae.w = B, ae.in = t, ae.out = y, ae.ranks = ranks, ae.scales = scales, ae.rt = rt;
+  // Both plans checked before either kernel runs. The expand's plan: early inputs on (valid
+  // after this call's own shrink; see lora.h), unless a plan passed in says otherwise.
+  Plan ls, le;
+  const Plan *ps = nullptr, *pe = nullptr;
+  MOLORA_RETURN_IF_ERROR(prepare(pb, plan_in ? &plan_in->shrink : nullptr, &ls, &as, &ps));
+  MOLORA_RETURN_IF_ERROR(prepare(pbe, plan_in ? &plan_in->expand : nullptr, &le, &ae, &pe, 1));
+  // The expand reads its early inputs once it starts; the shrink lets it launch only after its
+  // own wait for the kernel before it, so everything before the shrink has ended by then.
+  as.late_trigger = pe->early_inputs ? 1 : 0;
+  MOLORA_RETURN_IF_ERROR(launch_prepared(pb, *ps, as, stream));
+  return launch_prepared(pbe, *pe, ae, stream);
+#else
+  (void)plan_in, (void)x, (void)A, (void)B, (void)ranks, (void)scales, (void)rt, (void)t, (void)y;
+  (void)stream;
   return Status::Unavailable("molora was built without CUDA");
 #endif
 }

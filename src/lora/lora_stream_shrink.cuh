@@ -27,7 +27,10 @@ template <typename T, bool KFULL>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
-  pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
+  // The next call may launch now (it waits for this one before touching memory); with
+  // late_trigger only after this CTA's wait below (moe_delta, KernelArgs).
+  const bool late = a.late_trigger != 0;
+  if (!late) pdl_trigger();
   trace_start(a.trace);
   extern __shared__ __align__(128) uint8_t smem[];
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
@@ -57,7 +60,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // Plan::early_inputs: the routing, ranks and weights are read before the wait for the kernel
   // before, x read and t written only after it.
   const bool early = a.early != 0;
-  if (!early) pdl_wait();  // the kernel before this one is done (no-op without the attribute)
+  if (!early) {
+    pdl_wait();  // the kernel before this one is done (no-op without the attribute)
+    if (late) pdl_trigger();
+  }
   if (threadIdx.x == 0) trace_set(a.trace, 1);
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
@@ -83,6 +89,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // 1.39 us at 4 warps, bench/NOTES.md "lora v0.15"). (After the barrier: it orders trace_start
   // before trace_done.)
   if (total == 0) {
+    if (early && late) pdl_wait();  // (leaving counts as the trigger: only after the wait)
     trace_done(a.trace);
     return;
   }
@@ -165,7 +172,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     }
   };
   for (int i = 0; i < stages; ++i) issue_next();
-  if (early) pdl_wait();  // (x is read and t written below)
+  if (early) {
+    pdl_wait();  // (x is read and t written below)
+    if (late) pdl_trigger();
+  }
   if (kTrace && a.trace != nullptr && w == 0 && lane == 0) {
     // (Lane 0 waits for the first stage here, so that the piece loop carries no test: its x
     // loads follow the copy instead of preceding it, only while tracing.)

@@ -255,3 +255,98 @@ def test_gpu_rejects_mixed_devices_and_dtypes():
     with pytest.raises(TypeError, match="A"):
         molora.lora_shrink(xc, Ac.to(torch.bfloat16), torch.from_numpy(topk).cuda(),
                            torch.from_numpy(slot).cuda(), ranks=torch.from_numpy(ranks).cuda())
+
+
+def test_cpu_moe_delta_is_shrink_then_expand():
+    # One call, the same bits as lora_shrink then lora_expand (t rounded to the storage type
+    # between them), plain and aligned; t is the workspace and holds the shrink's rows.
+    x, A, B, topk, slot, ranks, scales = make(T=7, k=3, S=3, E=5, r_max=16, K=40, N=24)
+    y0 = np.random.default_rng(SEED + 1).uniform(-1, 1, (topk.size, B.shape[2])).astype(np.float16)
+    t_want = molora.lora_shrink(x, A, topk, slot, ranks=ranks)
+    y_want = molora.lora_expand(t_want, B, y0.copy(), topk, slot, ranks=ranks, scales=scales)
+    t = np.zeros_like(t_want)
+    y = molora.lora_moe_delta(x, A, B, y0.copy(), topk, slot, ranks=ranks, scales=scales, t=t)
+    assert (y == y_want).all() and (t == t_want).all()
+    np.testing.assert_allclose(
+        y.astype(np.float64),
+        ref_expand(t_want, B, y0, topk, slot, ranks, scales), rtol=2e-3, atol=2e-3)
+    k = topk.shape[1]
+    srt, eids, ntpp = align(topk, slot, A.shape[0], A.shape[1], 4)
+    y2 = molora.lora_moe_delta(x, A, B, y0.copy(), ranks=ranks, scales=scales,
+                               sorted_token_ids=srt, expert_ids=eids, num_tokens_post_pad=ntpp,
+                               block_size=4, top_k=k)
+    assert (y2 == y_want).all()
+
+
+def test_cpu_moe_delta_errors_write_nothing():
+    x, A, B, topk, slot, ranks, scales = make()
+    t = np.zeros((topk.size, A.shape[2]), np.float16)
+    y = np.ones((topk.size, B.shape[2]), np.float16)
+    bad = slot.copy()
+    bad[1] = A.shape[0]
+    with pytest.raises(ValueError, match="slot_ids"):
+        molora.lora_moe_delta(x, A, B, y, topk, bad, ranks=ranks, scales=scales, t=t)
+    with pytest.raises(ValueError, match="B"):  # B's experts are not A's
+        molora.lora_moe_delta(x, A, B[:, :4].copy(), y, topk, slot, ranks=ranks, t=t)
+    with pytest.raises(ValueError, match="B"):  # B's rank is not A's
+        molora.lora_moe_delta(x, A, B[..., :8].copy(), y, topk, slot, ranks=ranks, t=t)
+    with pytest.raises(ValueError, match="y"):
+        molora.lora_moe_delta(x, A, B, y[:, :8].copy(), topk, slot, ranks=ranks, t=t)
+    with pytest.raises(ValueError, match="t"):
+        molora.lora_moe_delta(x, A, B, y, topk, slot, ranks=ranks, t=t[:, :8].copy())
+    with pytest.raises(TypeError, match="B"):
+        molora.lora_moe_delta(x, A, B.astype(np.float32), y, topk, slot, ranks=ranks, t=t)
+    with pytest.raises(ValueError, match="ranks"):
+        molora.lora_moe_delta(x, A, B, y, topk, slot, ranks=np.full(3, 99, np.int32), t=t)
+    assert not t.any() and (y == 1).all()
+
+
+def test_plan_delta_reads_the_expands_inputs_early():
+    kw = dict(top_k=8, num_slots=8, num_experts=128, r_max=16, routing="aligned",
+              block_size=16, config_path="none", sm_count=132)
+    d = molora.lora_plan("delta", num_tokens=8, K=2048, N=4096, **kw)
+    assert set(d) == {"shrink", "expand"}
+    assert d["shrink"]["variant"] == "shrink.aligned-stream.bf16"
+    assert d["expand"]["variant"] == "expand.aligned-stream.bf16"
+    assert d["shrink"]["early_inputs"] is False and d["expand"]["early_inputs"] is True
+    e = molora.lora_plan("expand", num_tokens=8, N=4096, **kw)
+    assert e["tile"] == d["expand"]["tile"] and e["early_inputs"] is False
+    kw["routing"], kw["block_size"] = "plain", 0
+    p = molora.lora_plan("delta", num_tokens=8, K=2048, N=4096, **kw)
+    assert p["expand"]["kernel"] == "grid" and p["expand"]["early_inputs"] is False
+    with pytest.raises(ValueError, match="N must be"):
+        molora.lora_plan("delta", num_tokens=8, K=2048, N=12, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["plain", "aligned"])
+@pytest.mark.parametrize("T", [1, 8, 40])
+def test_gpu_moe_delta_matches_reference_and_the_two_calls(routing, T):
+    torch = _torch_cuda()
+    x, A, B, topk, slot, ranks, scales = make(T=T, k=8, S=4, E=16, r_max=32, K=1024, N=520,
+                                               dtype=np.float32)
+    dev = "cuda"
+    xc, Ac, Bc = (torch.from_numpy(a).to(dev, torch.bfloat16) for a in (x, A, B))
+    kw = dict(ranks=torch.from_numpy(ranks).to(dev), scales=torch.from_numpy(scales).to(dev))
+    k = topk.shape[1]
+    if routing == "plain":
+        args = (torch.from_numpy(topk).to(dev), torch.from_numpy(slot).to(dev))
+    else:
+        srt, eids, ntpp = align(topk, slot, 4, 16, 16)
+        args = ()
+        kw.update(sorted_token_ids=torch.from_numpy(srt).to(dev),
+                  expert_ids=torch.from_numpy(eids).to(dev),
+                  num_tokens_post_pad=torch.from_numpy(ntpp).to(dev), block_size=16, top_k=k)
+    y0 = torch.randn(T * k, B.shape[2], device=dev).to(torch.bfloat16)
+    t = torch.full((T * k, A.shape[2]), float("nan"), device=dev, dtype=torch.bfloat16)
+    y = molora.lora_moe_delta(xc, Ac, Bc, y0.clone(), *args, t=t, **kw)
+    t_ref = ref_shrink(xc.float().cpu().numpy(), Ac.float().cpu().numpy(), topk, slot, ranks)
+    want = ref_expand(t_ref, Bc.float().cpu().numpy(), y0.float().cpu().numpy(), topk, slot,
+                      ranks, scales)
+    got = y.float().cpu().numpy()
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+    shrink_kw = {kk: v for kk, v in kw.items() if kk != "scales"}
+    t2 = molora.lora_shrink(xc, Ac, *args, **shrink_kw)
+    y2 = molora.lora_expand(t2, Bc, y0.clone(), *args, **kw)
+    assert torch.equal(y, y2)  # the same kernels' bits
