@@ -695,7 +695,7 @@ TEST(LoraGpu, DeltaMatchesReferenceAndTheTwoCalls) {
     Status s3 = moe_delta(d.s.pb, 1024, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, nullptr,
                           g.s.routing(), g.s.out.p, g.e.out.p, st);
     EXPECT_NE(s3.message().find("scales"), std::string::npos) << s3.message();
-    Status s4 = moe_delta(d.s.pb, 1000, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
+    Status s4 = moe_delta(d.s.pb, 1004, &dp, g.s.in.p, g.s.w.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
                           g.s.routing(), g.s.out.p, g.e.out.p, st);
     EXPECT_NE(s4.message().find("N must be"), std::string::npos) << s4.message();
     CK(cudaStreamSynchronize(st));
@@ -725,6 +725,7 @@ TEST(LoraGpu, DeltaWaitsForEverythingBeforeIt) {
     Case c;
     c.routing = RoutingKind::kAligned, c.T = T, c.k = 8, c.S = 4, c.E = 16, c.r_max = 32;
     c.dim = 1024, c.block = 16;
+    c.slots = SlotMode::kDistinct;  // (every token has an adapter: B is read)
     const DeltaData d = make_delta(c, 1024, rng);
     const auto [t_ref, y_ref] = delta_cpu(d);
     DeltaDev g(d);

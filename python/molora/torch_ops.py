@@ -23,6 +23,11 @@ Schemas (``Tensor?`` = may be None; shapes as :mod:`molora.align` and :mod:`molo
   Tensor? topk_ids, Tensor? slot_ids, Tensor? sorted_token_ids, Tensor? expert_ids,
   Tensor? num_tokens_post_pad, int block_size, int top_k) -> ()`` — adds into ``y`` in place
   (declared mutated, so torch.compile's functionalisation orders it).
+* ``molora::lora_moe_delta(Tensor x, Tensor A, Tensor B, Tensor(a!) y, Tensor(b!) t,
+  Tensor ranks, Tensor scales, Tensor? topk_ids, Tensor? slot_ids, Tensor? sorted_token_ids,
+  Tensor? expert_ids, Tensor? num_tokens_post_pad, int block_size, int top_k) -> ()`` —
+  shrink into the workspace ``t`` [T*k, r_max], then expand into ``y`` in place, in one call
+  (:func:`molora.lora_moe_delta`); both declared mutated.
 
 Each op has a fake (meta) implementation that computes output shapes from the input shapes
 alone (no device work, no data access), which is what torch.compile traces with. This module
@@ -31,7 +36,8 @@ below call it).
 """
 from typing import Any, Optional, Tuple  # no `from __future__ import annotations`: torch reads them
 
-__all__ = ["register", "registered", "moe_align_block_size", "lora_shrink", "lora_expand"]
+__all__ = ["register", "registered", "moe_align_block_size", "lora_shrink", "lora_expand",
+           "lora_moe_delta"]
 
 _state = {"done": False}
 
@@ -41,8 +47,9 @@ def registered() -> bool:
 
 
 def register() -> bool:
-    """Registers molora::moe_align_block_size, molora::lora_shrink and molora::lora_expand with
-    torch.library (once per process). Returns False when torch is not installed."""
+    """Registers molora::moe_align_block_size, molora::lora_shrink, molora::lora_expand and
+    molora::lora_moe_delta with torch.library (once per process). Returns False when torch is
+    not installed."""
     if _state["done"]:
         return True
     try:
@@ -121,6 +128,21 @@ def _define(torch: Any) -> None:
           num_tokens_post_pad, block_size, top_k):
         return None
 
+    @torch.library.custom_op("molora::lora_moe_delta", mutates_args=("y", "t"))
+    def lora_moe_delta_op(x: Tensor, A: Tensor, B: Tensor, y: Tensor, t: Tensor, ranks: Tensor,
+                          scales: Tensor, topk_ids: Optional[Tensor], slot_ids: Optional[Tensor],
+                          sorted_token_ids: Optional[Tensor], expert_ids: Optional[Tensor],
+                          num_tokens_post_pad: Optional[Tensor], block_size: int,
+                          top_k: int) -> None:
+        pos, kw = _routing(topk_ids, slot_ids, sorted_token_ids, expert_ids,
+                           num_tokens_post_pad, block_size, top_k)
+        _lora.lora_moe_delta(x, A, B, y, *pos, ranks=ranks, scales=scales, t=t, **kw)
+
+    @lora_moe_delta_op.register_fake
+    def _(x, A, B, y, t, ranks, scales, topk_ids, slot_ids, sorted_token_ids, expert_ids,
+          num_tokens_post_pad, block_size, top_k):
+        return None
+
 
 # ---- keyword-friendly wrappers (same arguments as molora.align / molora.lora) -------------
 
@@ -151,4 +173,18 @@ def lora_expand(t, B, y, topk_ids=None, slot_ids=None, *, ranks, scales,
     """torch.ops.molora.lora_expand: updates ``y`` in place and returns it."""
     _ops().lora_expand(t, B, y, ranks, scales, topk_ids, slot_ids, sorted_token_ids, expert_ids,
                        num_tokens_post_pad, int(block_size), int(top_k))
+    return y
+
+
+def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks, scales, t=None,
+                   sorted_token_ids=None, expert_ids=None, num_tokens_post_pad=None,
+                   block_size: int = 0, top_k: int = 0):
+    """torch.ops.molora.lora_moe_delta: updates ``y`` in place and returns it; ``t`` is the
+    workspace [T*k, r_max] (a fresh one when not given)."""
+    if t is None:
+        import torch
+        k = topk_ids.shape[1] if topk_ids is not None else top_k
+        t = torch.zeros((x.shape[0] * k, A.shape[2]), dtype=x.dtype, device=x.device)
+    _ops().lora_moe_delta(x, A, B, y, t, ranks, scales, topk_ids, slot_ids, sorted_token_ids,
+                          expert_ids, num_tokens_post_pad, int(block_size), int(top_k))
     return y

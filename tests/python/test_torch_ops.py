@@ -27,7 +27,7 @@ def _problem(device="cpu", dtype=None, T=9, k=4, S=3, E=8, r=16, K=64, N=48, see
 
 def test_register_is_idempotent_and_defines_the_ops():
     assert ops.register() and ops.register() and ops.registered()
-    for name in ("moe_align_block_size", "lora_shrink", "lora_expand"):
+    for name in ("moe_align_block_size", "lora_shrink", "lora_expand", "lora_moe_delta"):
         assert hasattr(torch.ops.molora, name)
     schema = str(torch.ops.molora.lora_expand.default._schema)
     # y is declared mutated: "Tensor(a!) y" (the alias name is torch's to choose, e.g. a2!)
@@ -82,6 +82,22 @@ def test_cpu_tensors_match_the_numpy_path():
     np.testing.assert_allclose(y.numpy(), y_np, rtol=1e-6, atol=1e-6)
 
 
+def test_cpu_moe_delta_matches_shrink_then_expand():
+    x, A, B, topk, slot, ranks, scales = _problem()
+    k = topk.shape[1]
+    t = ops.lora_shrink(x, A, topk, slot, ranks=ranks)
+    want = ops.lora_expand(t, B, torch.zeros(t.shape[0], B.shape[2]), topk, slot, ranks=ranks,
+                           scales=scales)
+    tw = torch.zeros_like(t)  # (lora_shrink's t is zero where nothing is written)
+    y = ops.lora_moe_delta(x, A, B, torch.zeros_like(want), topk, slot, ranks=ranks,
+                           scales=scales, t=tw)
+    assert torch.equal(y, want) and torch.equal(tw, t)
+    assert torch.count_nonzero(y[(slot >= 0).repeat_interleave(k)]) > 0
+    torch.library.opcheck(torch.ops.molora.lora_moe_delta.default,
+                          (x, A, B, torch.zeros_like(want), torch.zeros_like(t), ranks, scales,
+                           topk, slot, None, None, None, 0, 0))
+
+
 def test_opcheck_cpu():
     x, A, B, topk, slot, ranks, scales = _problem()
     ops.register()
@@ -104,6 +120,41 @@ def _layer(x, A, B, topk, slot, ranks, scales, y):
     t = torch.ops.molora.lora_shrink(x, A, ranks, None, None, srt, eids, ntpp, 16, k)
     torch.ops.molora.lora_expand(t, B, y, ranks, scales, None, None, srt, eids, ntpp, 16, k)
     return y
+
+
+def _layer_delta(x, A, B, topk, slot, ranks, scales, y, t):
+    S, E = A.shape[:2]
+    k = topk.shape[1]
+    srt, eids, ntpp = torch.ops.molora.moe_align_block_size(topk, slot, S * E, E, 16)
+    torch.ops.molora.lora_moe_delta(x, A, B, y, t, ranks, scales, None, None, srt, eids, ntpp,
+                                    16, k)
+    return y
+
+
+@pytest.mark.gpu
+def test_gpu_moe_delta_compile_fullgraph_and_cuda_graph():
+    ops.register()
+    x, A, B, topk, slot, ranks, scales = _problem("cuda", torch.bfloat16)
+    P = x.shape[0] * topk.shape[1]
+    y0 = torch.randn(P, B.shape[2], device="cuda").to(torch.bfloat16)
+    t = torch.empty(P, A.shape[2], device="cuda", dtype=torch.bfloat16)
+    want = _layer(x, A, B, topk, slot, ranks, scales, y0.clone())
+    got = torch.compile(_layer_delta, fullgraph=True)(x, A, B, topk, slot, ranks, scales,
+                                                       y0.clone(), t)
+    assert torch.equal(got, want)  # the same kernels as shrink then expand: the same bits
+    y = y0.clone()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _layer_delta(x, A, B, topk, slot, ranks, scales, y, t)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        y.copy_(y0)
+        _layer_delta(x, A, B, topk, slot, ranks, scales, y, t)
+    y.fill_(7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
 
 
 @pytest.mark.gpu
