@@ -161,14 +161,17 @@ Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void*
 // nothing launched earlier in the stream is still running when the expand starts).
 // `pb` is the shrink's Problem (op kShrink, K set, N = 0); N is the expand's output features.
 struct DeltaPlan {
-  Plan
-      shrink;  // early inputs as PlanOptions / MOLORA_LORA_EARLY_INPUTS say (the caller's contract)
-  Plan expand;  // early inputs on wherever the expand's kernel has them (stream kernel with pdl)
+  // Early inputs as PlanOptions / MOLORA_LORA_EARLY_INPUTS say (the caller's contract).
+  Plan shrink;
+  // Early inputs on wherever the expand's kernel has them (stream kernel with pdl).
+  Plan expand;
   std::string to_string() const;
   std::string to_json() const;  // {"shrink": {...}, "expand": {...}}
 };
 // The two plans of a moe_delta call (the expand's Problem is pb with op kExpand, K = 0, N).
-// opt applies to both, except early_inputs, which applies to the shrink only.
+// opt applies to both plans, a forced tile or kernel included (to force one op's only, fill a
+// DeltaPlan from two plan() calls, the expand's with early_inputs = 1), except early_inputs,
+// which applies to the shrink only.
 Status plan_delta(const Problem& pb, int64_t N, DeltaPlan* out, const PlanOptions& opt = {});
 // The Problem of the delta's expand: pb with op kExpand, K = 0 and N.
 Problem delta_expand_problem(const Problem& pb, int64_t N);
