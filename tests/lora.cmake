@@ -32,6 +32,11 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --op delta --timeline)
   molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op fused)
+  # --tile takes 0 (the planner's) or a tile to force, never a negative one.
+  molora_add_exit_test(lora_cli_bench_tile_negative_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --tile -4)
+  molora_add_output_test(lora_cli_bench_help_lists_tile
+    "--tile INT.*Force the plan's tile" bench lora --help)
   # --weight-copies takes 0 (automatic: one copy per rotating routing) to 256.
   molora_add_exit_test(lora_cli_bench_weight_copies_negative_exits_2 2
     bench lora --shape N6144_r32_V160x8 --weight-copies -1)

@@ -43,6 +43,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                    "Token counts, 1 to 8192 (T x top-8 pairs <= 65,536; one-shape mode)")
       ->delimiter(',')
       ->check(CLI::Range(1, 8192));
+  auto tile = std::make_shared<int>(0);
+  lora->add_option("--tile", *tile,
+                   "Force the plan's tile (shrink: rank rows per work item, grid 1..r_max, "
+                   "stream 8; expand: N rows; default 0: the planner's; one-shape mode)")
+      ->check(CLI::Range(0, 16384));
   auto mixed = std::make_shared<bool>(false);
   lora->add_flag("--mixed-ranks", *mixed,
                  "Every second slot at rank r_max / 2 (one-shape mode; default: all at r_max)");
@@ -86,6 +91,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.kernel = *kernel;
       c.none_frac = *none;
       c.mixed_ranks = *mixed;
+      c.force_tile = *tile;
       c.layers = *layers;
       c.weight_copies = *copies;
       c.timeline = *timeline;
