@@ -286,6 +286,12 @@ TEST(LoraCpu, DeltaValidationWritesNothing) {
                       Routing{}, nullptr, nullptr, nullptr)
                 .code(),
             molora::StatusCode::kInvalidArgument);
+  const Status se = moe_delta(base.s.pb, 48, nullptr, base.s.in.data(), base.s.w.data(),
+                              base.e.w.data(), base.s.ranks.data(), base.e.scales.data(),
+                              base.s.host_routing(), t.data(), y.data(), nullptr, 2);
+  EXPECT_NE(se.message().find("shrink_early"), std::string::npos) << se.message();
+  EXPECT_EQ(t, base.s.out);
+  EXPECT_EQ(y, base.e.out);
 }
 
 TEST(LoraCpu, HalfAndBf16Conversions) {

@@ -179,10 +179,16 @@ Problem delta_expand_problem(const Problem& pb, int64_t N);
 // (workspace: written for active pairs, then read by the expand), y [P, N] updated in place.
 // `plan_in` null: the call plans (cached per shape). Both plans and every pointer are checked
 // before either kernel launches: on an error nothing is written. A plan passed in whose expand
-// has early_inputs off runs exactly as shrink() followed by expand().
+// has early_inputs off computes exactly what shrink() followed by expand() computes.
+// The shrink always lets the expand launch only after its own wait, so a delta that directly
+// follows another delta in the stream (e.g. up's after gate's, same x and routing) may read its
+// shrink's inputs early as well: everything still running then is a molora delta, which writes
+// only its t and y. That is valid when those t and y are not this call's routing, ranks or A.
+// Ask for it with shrink_early = 1 (plan_in null; with a plan, plan_delta's
+// PlanOptions::early_inputs = 1 does the same); -1: PlanOptions' default (the setting), 0: off.
 Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const void* x,
                  const void* A, const void* B, const int32_t* ranks, const float* scales,
-                 const Routing& rt, void* t, void* y, cudaStream_t stream);
+                 const Routing& rt, void* t, void* y, cudaStream_t stream, int shrink_early = -1);
 // CPU reference of the same: shrink_cpu into t, then expand_cpu from it.
 Status moe_delta_cpu(const Problem& pb, int64_t N, const void* x, const void* A, const void* B,
                      const int32_t* ranks, const float* scales, const Routing& rt, void* t,

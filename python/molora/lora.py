@@ -91,7 +91,8 @@ def lora_expand(t, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scales=Non
 
 def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scales=None,
                    sorted_token_ids=None, expert_ids=None, num_tokens_post_pad=None,
-                   block_size: int = 0, top_k: int = 0, t=None, stream=None):
+                   block_size: int = 0, top_k: int = 0, t=None, stream=None,
+                   after_delta: bool = False):
     """One layer's whole LoRA delta in one call: ``t[p, :r_s] = A[s, e, :r_s, :] @ x[token(p)]``,
     then ``y[p, :] += scale_s * B[s, e, :, :r_s] @ t[p, :r_s]`` in place, for every pair with
     slot ``s >= 0``; returns ``y``.
@@ -103,6 +104,12 @@ def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scal
     (give one to avoid an allocation per call; a fresh zero-filled array otherwise). ``ranks``
     defaults to ``r_max`` for every slot, ``scales`` to 1. Every argument is checked before
     either kernel runs: on an error nothing is written.
+
+    ``after_delta=True`` (CUDA): the call directly follows another ``lora_moe_delta`` on the same
+    stream (e.g. up's after gate's, the same ``x`` and routing), so its shrink may read its
+    routing, ranks and ``A`` early as well; valid only when nothing else runs between the two
+    calls on the stream and the earlier call's ``t`` and ``y`` are not this call's routing,
+    ranks or ``A`` (docs/lora.md "moe_delta"). Ignored on the CPU.
     """
     S, _, r_max, _ = A.shape
     T = x.shape[0]
@@ -115,7 +122,7 @@ def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scal
         t = _zeros(x, (T * k, r_max), _dtype_str(x))
     _molora.lora_moe_delta(x, A, B, ranks, scales, topk_ids, slot_ids, sorted_token_ids,
                            expert_ids, num_tokens_post_pad, int(block_size), int(top_k), t, y,
-                           stream_handle(stream, x) if is_cuda(x) else 0)
+                           stream_handle(stream, x) if is_cuda(x) else 0, bool(after_delta))
     return y
 
 

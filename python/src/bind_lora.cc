@@ -242,7 +242,7 @@ Binder bind_lora([](nb::module_& m) {
       "lora_moe_delta",
       [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> B, nb::ndarray<> ranks,
          nb::ndarray<> scales, Opt topk, Opt slot, Opt sorted, Opt eids, Opt ntpp, int block_size,
-         int top_k, nb::ndarray<> t, nb::ndarray<> y, uintptr_t stream) {
+         int top_k, nb::ndarray<> t, nb::ndarray<> y, uintptr_t stream, bool after_delta) {
         const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
         check_operands(x, "x", dt,
                        {{A, "A", std::nullopt, 4},
@@ -276,7 +276,8 @@ Binder bind_lora([](nb::module_& m) {
         const float* sc = static_cast<const float*>(scales.data());
         if (is_cuda(x, "x")) {
           throw_if_error(lora::moe_delta(pb, N, nullptr, x.data(), A.data(), B.data(), rk, sc, rt,
-                                         t.data(), y.data(), as_stream(stream)));
+                                         t.data(), y.data(), as_stream(stream),
+                                         after_delta ? 1 : -1));
         } else {
           nb::gil_scoped_release nogil;
           throw_if_error(lora::moe_delta_cpu(pb, N, x.data(), A.data(), B.data(), rk, sc, rt,
@@ -286,7 +287,7 @@ Binder bind_lora([](nb::module_& m) {
       nb::arg("x"), nb::arg("A"), nb::arg("B"), nb::arg("ranks"), nb::arg("scales"),
       nb::arg("topk_ids").none(), nb::arg("slot_ids").none(), nb::arg("sorted_token_ids").none(),
       nb::arg("expert_ids").none(), nb::arg("num_tokens_post_pad").none(), nb::arg("block_size"),
-      nb::arg("top_k"), nb::arg("t"), nb::arg("y"), nb::arg("stream"),
+      nb::arg("top_k"), nb::arg("t"), nb::arg("y"), nb::arg("stream"), nb::arg("after_delta"),
       "y[p] += scale_s * B[s, e, :, :r_s] @ (A[s, e, :r_s] @ x[token(p)]), t the workspace (see "
       "molora.lora_moe_delta).");
 });

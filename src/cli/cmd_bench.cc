@@ -32,9 +32,10 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                    "Seed shape name, e.g. N6144_r32_V160x8, or any "
                    "N<dim>_r<r_max>_V<experts>x<slots> (one-shape mode)");
   lora->add_option("--op", *op,
-                   "expand, shrink, chain: shrink -> expand pairs, N = K, or delta: the same "
-                   "pairs as one moe_delta call each (one-shape mode)")
-      ->check(CLI::IsMember({"expand", "shrink", "chain", "delta"}));
+                   "expand, shrink, chain: shrink -> expand pairs, N = K, delta: the same "
+                   "pairs as one moe_delta call each, or delta-after: deltas that each follow "
+                   "another, reading their shrink's inputs early too (one-shape mode)")
+      ->check(CLI::IsMember({"expand", "shrink", "chain", "delta", "delta-after"}));
   lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
       ->check(CLI::IsMember({"plain", "aligned"}));
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
@@ -75,7 +76,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
   lora->callback([=, &exit_code] {
     molora::Status st;
     if (!shape->empty()) {
-      const bool pair = *op == "chain" || *op == "delta";
+      const bool pair = *op == "chain" || *op == "delta" || *op == "delta-after";
       if (pair && (*layers > 0 || *timeline)) {  // (both time one op)
         std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
                   << " times one op; it does not take --op " << *op << "\n";
@@ -85,7 +86,8 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       molora::lora::bench::Case c;
       c.op = *op == "expand" ? molora::lora::Op::kExpand : molora::lora::Op::kShrink;
       c.chain = pair;
-      c.delta = *op == "delta";
+      c.delta = *op == "delta" || *op == "delta-after";
+      c.after_delta = *op == "delta-after";
       c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
                                       : molora::lora::RoutingKind::kAligned;
       c.kernel = *kernel;

@@ -449,9 +449,14 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     MOLORA_RETURN_IF_ERROR(y.ensure(size_t(P) * sh.dim * 2));
     MOLORA_CUDA_CHECK(cudaMemset(y.p, 0, size_t(P) * sh.dim * 2));
     MOLORA_RETURN_IF_ERROR(plan(pbe, &plan_e, po));
-    if (c.delta) MOLORA_RETURN_IF_ERROR(plan_delta(pb, sh.dim, &plan_d, po));
+    if (c.delta) {
+      PlanOptions pd = po;
+      if (c.after_delta) pd.early_inputs = 1;
+      MOLORA_RETURN_IF_ERROR(plan_delta(pb, sh.dim, &plan_d, pd));
+    }
   }
   if (c.delta && !c.chain) return Status::InvalidArgument("delta times a chain");
+  if (c.after_delta && !c.delta) return Status::InvalidArgument("after_delta times deltas");
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto call_op = [&](int i, const void* wp) {  // the case's op at routing i % kRot, weights wp

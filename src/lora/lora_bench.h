@@ -50,6 +50,9 @@ struct Case {
   // With chain: the pair through one moe_delta call (DeltaPlan: the expand reads its routing,
   // ranks, scales and weights while the shrink finishes) instead of shrink() then expand().
   bool delta = false;
+  // With delta: each delta reads its shrink's inputs early too (moe_delta's shrink_early: valid
+  // here, where every call follows another delta and nothing writes the routing or weights).
+  bool after_delta = false;
   // Distinct copies of the weights that the timed calls cycle through (call i reads copy
   // i % weight_copies). An engine's decode step never finds a call's weights in L2 (every layer
   // has its own, and the other layers' pass between two calls of one), so the timing should not

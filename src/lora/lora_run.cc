@@ -183,9 +183,12 @@ Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void*
 
 Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const void* x,
                  const void* A, const void* B, const int32_t* ranks, const float* scales,
-                 const Routing& rt, void* t, void* y, cudaStream_t stream) {
+                 const Routing& rt, void* t, void* y, cudaStream_t stream, int shrink_early) {
   if (pb.op != Op::kShrink)
     return Status::InvalidArgument("moe_delta takes the shrink's problem (op shrink, K set)");
+  if (shrink_early < -1 || shrink_early > 1)
+    return Status::InvalidArgument("moe_delta: shrink_early must be -1, 0 or 1, got " +
+                                   std::to_string(shrink_early));
   MOLORA_RETURN_IF_ERROR(validate_problem(pb));
   const Problem pbe = delta_expand_problem(pb, N);
   MOLORA_RETURN_IF_ERROR(validate_problem(pbe));
@@ -202,11 +205,13 @@ Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const v
   // after this call's own shrink; see lora.h), unless a plan passed in says otherwise.
   Plan ls, le;
   const Plan *ps = nullptr, *pe = nullptr;
-  MOLORA_RETURN_IF_ERROR(prepare(pb, plan_in ? &plan_in->shrink : nullptr, &ls, &as, &ps));
+  MOLORA_RETURN_IF_ERROR(
+      prepare(pb, plan_in ? &plan_in->shrink : nullptr, &ls, &as, &ps, shrink_early));
   MOLORA_RETURN_IF_ERROR(prepare(pbe, plan_in ? &plan_in->expand : nullptr, &le, &ae, &pe, 1));
   // The expand reads its early inputs once it starts; the shrink lets it launch only after its
-  // own wait for the kernel before it, so everything before the shrink has ended by then.
-  as.late_trigger = pe->early_inputs ? 1 : 0;
+  // own wait for the kernel before it, so everything before the shrink has ended by then. Always,
+  // so that a delta right after this one may read its shrink's inputs early too (lora.h).
+  as.late_trigger = 1;
   MOLORA_RETURN_IF_ERROR(launch_prepared(pb, *ps, as, stream));
   return launch_prepared(pbe, *pe, ae, stream);
 #else

@@ -267,6 +267,9 @@ def test_cpu_moe_delta_is_shrink_then_expand():
     t = np.zeros_like(t_want)
     y = molora.lora_moe_delta(x, A, B, y0.copy(), topk, slot, ranks=ranks, scales=scales, t=t)
     assert (y == y_want).all() and (t == t_want).all()
+    y1 = molora.lora_moe_delta(x, A, B, y0.copy(), topk, slot, ranks=ranks, scales=scales,
+                               after_delta=True)  # (no effect on the CPU)
+    assert (y1 == y_want).all()
     np.testing.assert_allclose(
         y.astype(np.float64),
         ref_expand(t_want, B, y0, topk, slot, ranks, scales), rtol=2e-3, atol=2e-3)
@@ -350,3 +353,8 @@ def test_gpu_moe_delta_matches_reference_and_the_two_calls(routing, T):
     t2 = molora.lora_shrink(xc, Ac, *args, **shrink_kw)
     y2 = molora.lora_expand(t2, Bc, y0.clone(), *args, **kw)
     assert torch.equal(y, y2)  # the same kernels' bits
+    # A second delta right after the first (as up's after gate's): its shrink may read early.
+    y3 = y0.clone()
+    molora.lora_moe_delta(xc, Ac, Bc, y0.clone(), *args, t=t, **kw)
+    molora.lora_moe_delta(xc, Ac, Bc, y3, *args, t=t2, after_delta=True, **kw)
+    assert torch.equal(y3, y)

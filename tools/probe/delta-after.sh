@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call for deltas that follow deltas (carry build-gpu): the delta GPU tests (and
+# under compute-sanitizer memcheck), then `molora bench lora --op delta` against
+# `--op delta-after` (each delta's shrink also reading early) per seed shape, interleaved,
+# ROUNDS rounds (default 2), aligned routing.
+# Usage: [ROUNDS=2] [TS=1,8,32,64] tools/probe/delta-after.sh
+cd "$(dirname "$0")/../.."
+export LD_LIBRARY_PATH=$PWD/build-gpu/deplib
+M=build-gpu/src/cli/molora
+nvidia-smi --query-gpu=name --format=csv,noheader
+build-gpu/tests/lora_gpu_test --gtest_filter='*Delta*' 2>&1 |
+  grep -E "^\[lora\] control|FAILED|PASSED|Failure|rror|OK \]" | head -20
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+"$CS" --tool memcheck --error-exitcode 9 build-gpu/tests/lora_gpu_test \
+  --gtest_filter='*Delta*' > /tmp/delta-memcheck.log 2>&1
+echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' /tmp/delta-memcheck.log | tail -1)"
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for sh in N6144_r32_V160x8 N2048_r16_V128x8 N7168_r32_V256x4 N4096_r32_V128x8; do
+    for op in delta delta-after; do
+      "$M" bench lora --op $op --routing aligned --shape $sh --T "${TS:-1,8,32,64}" 2>&1 |
+        grep -E "us, floor|rror" |
+        sed -E "s/^/r$round /; s/ floor [0-9.]+ us,//; s/of copy.*//; s/aligned shrink[^:]*//"
+    done
+  done
+done
