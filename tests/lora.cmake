@@ -30,6 +30,8 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --op chain --layers 4)
   molora_add_exit_test(lora_cli_bench_delta_with_timeline_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op delta --timeline)
+  molora_add_exit_test(lora_cli_bench_delta_after_with_layers_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --op delta-after --layers 2)
   molora_add_exit_test(lora_cli_bench_bad_op_exits_2 2
     bench lora --shape N6144_r32_V160x8 --op fused)
   # --tile takes 0 (the planner's) or a tile to force, never a negative one.
