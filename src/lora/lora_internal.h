@@ -71,10 +71,11 @@ struct KernelArgs {
   int tile = 0, chunks = 0;
   int dbg = 0;    // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
   int early = 0;  // stream kernels: Plan::early_inputs
-  // Shrink (both kernels) in moe_delta, before an expand with early inputs: the next kernel may
-  // launch only after this one's own wait for the kernel before it (griddepcontrol.wait, then
-  // launch_dependents; a CTA that leaves early waits first), so that the next kernel's early
-  // reads start after everything before this one has ended. 0: launch_dependents first thing.
+  // Shrink (both kernels) in moe_delta, always: the next kernel may launch only after this one's
+  // own wait for the kernel before it (griddepcontrol.wait, then launch_dependents; a CTA that
+  // leaves early waits first), so that the early reads of the delta's expand, and of a delta's
+  // shrink right after it (shrink_early), start after everything before this one has ended.
+  // 0: launch_dependents first thing.
   int late_trigger = 0;
   // Stream kernels' timeline probe (set_stream_trace; nullptr in normal use): kTraceWords words
   // per CTA, at trace + blockIdx.x * kTraceWords.
