@@ -138,6 +138,28 @@ void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0
   }
 }
 
+// Captures fn() (launches on st; returns the Status of its calls) into a graph once, then `reps`
+// times: before() (host-side resets), one replay, a sync, check(rep). (Callers wrap it in
+// ASSERT_NO_FATAL_FAILURE: a failed capture ends the caller.)
+template <typename Fn, typename Before, typename Check>
+void replay_graph(cudaStream_t st, int reps, Fn&& fn, Before&& before, Check&& check) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  const Status s = fn();
+  CK(cudaStreamEndCapture(st, &graph));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < reps; ++rep) {
+    before();
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    check(rep);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 }  // namespace
 
 TEST(LoraGpu, MatchesReferenceAcrossShapes) {
@@ -211,9 +233,7 @@ TEST(LoraGpu, StreamKernelEdges) {
 // thread in an expand CTA.
 TEST(LoraGpu, StreamKernelFewestWarps) {
   MOLORA_SKIP_WITHOUT_GPU();
-  struct Reset {
-    ~Reset() { molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", std::nullopt); }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_STREAM_CONSUMERS"};
   molora::set_setting("MOLORA_LORA_STREAM_CONSUMERS", "1");
   std::mt19937_64 rng(fresh_seed());
   for (Op op : {Op::kShrink, Op::kExpand})
@@ -413,9 +433,6 @@ TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     // Eager: shrink into gs.out, expand from it.
-    Data de2 = de;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
     ASSERT_TRUE(run_gpu(ds, gs, nullptr, s).ok());  // warm the plan cache
     CK(cudaStreamSynchronize(s));
     std::vector<uint16_t> t_eager = gs.out.get();
@@ -426,23 +443,17 @@ TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
     // Graph: the same two calls captured, expand reading the shrink output directly.
     gs.out.set(ds.out);
     ge.out.set(de.out);
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    Status st1 = run_gpu(ds, gs, nullptr, s);
-    Status st2 = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p, ge.routing(),
-                        ge.out.p, s);
-    CK(cudaStreamEndCapture(s, &graph));
-    ASSERT_TRUE(st1.ok()) << st1.to_string();
-    ASSERT_TRUE(st2.ok()) << st2.to_string();
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
-      ge.out.set(de.out);
-      CK(cudaGraphLaunch(exec, s));
-      CK(cudaStreamSynchronize(s));
-      EXPECT_EQ(ge.out.get(), y_eager) << "replay " << rep;
-    }
+    ASSERT_NO_FATAL_FAILURE(replay_graph(
+        s, 3,
+        [&] {
+          Status st1 = run_gpu(ds, gs, nullptr, s);
+          Status st2 = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p,
+                              ge.routing(), ge.out.p, s);
+          return st1.ok() ? st2 : st1;
+        },
+        [&] { ge.out.set(de.out); },
+        [&](int rep) { EXPECT_EQ(ge.out.get(), y_eager) << "replay " << rep; }));
     EXPECT_EQ(gs.out.get(), t_eager);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
   }
 }
@@ -453,9 +464,7 @@ TEST(LoraGpu, GraphCaptureReplaysLikeEager) {
 // before its first read): the same bits as with the setting off.
 TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   MOLORA_SKIP_WITHOUT_GPU();
-  struct Reset {
-    ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_PDL"};
   std::mt19937_64 rng(fresh_seed());
   molora::set_setting("MOLORA_LORA_PDL", "1");
   for (Op op : {Op::kShrink, Op::kExpand}) {
@@ -496,22 +505,12 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   // Captures fn into a graph and replays it three times from the poisoned outputs: t and y are
   // t_ref and y_want each time.
   auto replays_match = [&](auto&& fn, const std::vector<uint16_t>& y_want, const char* what) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    Status st = fn();
-    CK(cudaStreamEndCapture(s, &graph));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
-      gs.out.set(ds.out), ge.out.set(de.out);
-      CK(cudaGraphLaunch(exec, s));
-      CK(cudaStreamSynchronize(s));
-      EXPECT_EQ(gs.out.get(), t_ref) << what << "replay " << rep;
-      EXPECT_EQ(ge.out.get(), y_want) << what << "replay " << rep;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    replay_graph(
+        s, 3, fn, [&] { gs.out.set(ds.out), ge.out.set(de.out); },
+        [&](int rep) {
+          EXPECT_EQ(gs.out.get(), t_ref) << what << "replay " << rep;
+          EXPECT_EQ(ge.out.get(), y_want) << what << "replay " << rep;
+        });
   };
   replays_match(chain, y_ref, "");
   // Early inputs (Plan::early_inputs: the routing, ranks, scales and weights read before the wait
@@ -519,9 +518,7 @@ TEST(LoraGpu, DependentLaunchKeepsStreamOrder) {
   // expand reads y right after the first wrote it, so an activation read before the wait would
   // show as a wrong t or a lost first delta. Eager and from a graph, the same bits as without.
   {
-    struct ResetEarly {
-      ~ResetEarly() { molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt); }
-    } reset_early;
+    const SettingsReset reset_early{"MOLORA_LORA_EARLY_INPUTS"};
     auto twice = [&]() {  // the chain, then the expand once more on its own output
       Status a = chain();
       Status b = expand(de.pb, nullptr, gs.out.p, ge.w.p, ge.ranks.p, ge.scales.p, ge.routing(),
@@ -659,22 +656,12 @@ TEST(LoraGpu, DeltaMatchesReferenceAndTheTwoCalls) {
     CK(cudaStreamSynchronize(st));
     EXPECT_EQ(g.e.out.get(), y) << "with the plan passed in";
     // Captured once, replayed three times.
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    const Status cs = g.run(d, &dp, st);
-    CK(cudaStreamEndCapture(st, &graph));
-    ASSERT_TRUE(cs.ok()) << cs.to_string();
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {
-      g.reset(d);
-      CK(cudaGraphLaunch(exec, st));
-      CK(cudaStreamSynchronize(st));
-      EXPECT_EQ(g.s.out.get(), t) << "replay " << rep;
-      EXPECT_EQ(g.e.out.get(), y) << "replay " << rep;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    ASSERT_NO_FATAL_FAILURE(replay_graph(
+        st, 3, [&] { return g.run(d, &dp, st); }, [&] { g.reset(d); },
+        [&](int rep) {
+          EXPECT_EQ(g.s.out.get(), t) << "replay " << rep;
+          EXPECT_EQ(g.e.out.get(), y) << "replay " << rep;
+        }));
   }
   // Bad arguments: named, nothing written (both plans are checked before the shrink runs).
   {
@@ -714,9 +701,7 @@ TEST(LoraGpu, DeltaMatchesReferenceAndTheTwoCalls) {
 // expand launch first thing and so may read the stale B.
 TEST(LoraGpu, DeltaWaitsForEverythingBeforeIt) {
   MOLORA_SKIP_WITHOUT_GPU();
-  struct Reset {
-    ~Reset() { molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt); }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_EARLY_INPUTS"};
   std::mt19937_64 rng(fresh_seed());
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -758,23 +743,15 @@ TEST(LoraGpu, DeltaWaitsForEverythingBeforeIt) {
         CK(cudaStreamSynchronize(st));
         EXPECT_EQ(g.e.out.get(), y_good) << "eager " << rep;
       }
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      CK(launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st));
-      const Status cs = g.run(d, &dp, st);
-      CK(cudaStreamEndCapture(st, &graph));
-      ASSERT_TRUE(cs.ok()) << cs.to_string();
-      CK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int rep = 0; rep < 2; ++rep) {
-        g.reset(d);
-        g.e.w.set(stale);
-        CK(cudaGraphLaunch(exec, st));
-        CK(cudaStreamSynchronize(st));
-        EXPECT_EQ(g.e.out.get(), y_good) << "graph " << rep;
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      ASSERT_NO_FATAL_FAILURE(replay_graph(
+          st, 2,
+          [&] {
+            if (launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st) != cudaSuccess)
+              return Status::Internal("late writer launch failed");
+            return g.run(d, &dp, st);
+          },
+          [&] { g.reset(d), g.e.w.set(stale); },
+          [&](int rep) { EXPECT_EQ(g.e.out.get(), y_good) << "graph " << rep; }));
     }
     // Control: the two calls with early inputs on both.
     molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "1");
@@ -861,22 +838,9 @@ TEST(LoraGpu, DeltaAfterDeltaReadsEarlyOnlyWhenSafe) {
       CK(cudaStreamSynchronize(st));
       EXPECT_EQ(gu.e.out.get(), yu_good) << "eager " << rep;
     }
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    const Status cs = both(true);
-    CK(cudaStreamEndCapture(st, &graph));
-    ASSERT_TRUE(cs.ok()) << cs.to_string();
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) {
-      gg.reset(gate), gu.reset(up);
-      gu.s.w.set(stale);
-      CK(cudaGraphLaunch(exec, st));
-      CK(cudaStreamSynchronize(st));
-      EXPECT_EQ(gu.e.out.get(), yu_good) << "graph " << rep;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    ASSERT_NO_FATAL_FAILURE(replay_graph(
+        st, 2, [&] { return both(true); }, [&] { gg.reset(gate), gu.reset(up), gu.s.w.set(stale); },
+        [&](int rep) { EXPECT_EQ(gu.e.out.get(), yu_good) << "graph " << rep; }));
     // Control: gate as two plain calls.
     gg.reset(gate), gu.reset(up);
     gu.s.w.set(stale);

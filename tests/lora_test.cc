@@ -387,9 +387,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 // MOLORA_LORA_PDL=0 / 1 turn it off / on; other values are an error naming the setting. The plan
 // says so.
 TEST(LoraPlan, DependentLaunchChoice) {
-  struct Reset {
-    ~Reset() { molora::set_setting("MOLORA_LORA_PDL", std::nullopt); }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
   PlanOptions o;
   o.sm_count = 132;
@@ -433,12 +431,7 @@ TEST(LoraPlan, DependentLaunchChoice) {
 // the option is -1), and only on a stream plan with dependent launch (else there is no wait to
 // read before). Bad values are errors naming the option or the setting. The plan says so.
 TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
-  struct Reset {
-    ~Reset() {
-      molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
-      molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
-    }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_EARLY_INPUTS", "MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
   PlanOptions o;
   o.sm_count = 132;
@@ -491,12 +484,7 @@ TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
 // plan_delta: the shrink's plan as plan() gives it (early inputs as asked), the expand's with
 // early inputs wherever its kernel has them (stream, dependent launch); both in the JSON.
 TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
-  struct Reset {
-    ~Reset() {
-      molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
-      molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
-    }
-  } reset;
+  const SettingsReset reset{"MOLORA_LORA_EARLY_INPUTS", "MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
   pb.op = Op::kShrink, pb.K = 6144, pb.N = 0;
   PlanOptions o;

@@ -7,18 +7,32 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "lora/lora_internal.h"
 #include "molora/lora.h"
+#include "molora/settings.h"
 
 namespace lora_test {
 
 using molora::DType;
 using molora::Status;
 using namespace molora::lora;
+
+// Clears the named MOLORA_* settings when it leaves scope: a test that sets them leaves the
+// environment's values to the next.
+struct SettingsReset {
+  std::vector<std::string> names;
+  SettingsReset(std::initializer_list<const char*> n) : names(n.begin(), n.end()) {}
+  SettingsReset(const SettingsReset&) = delete;
+  ~SettingsReset() {
+    for (const std::string& n : names) molora::set_setting(n, std::nullopt);
+  }
+};
 
 inline uint64_t fresh_seed() {
   uint64_t s = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();

@@ -49,6 +49,18 @@ def _zeros(ref: Any, shape: tuple, dtype: str) -> Any:
     return out
 
 
+def _shrink_defaults(x, A, topk_ids, top_k: int, ranks, t):
+    """``ranks`` (r_max for every slot) and ``t`` (a fresh zero-filled [T*k, r_max] array) where
+    not given: what lora_shrink and lora_moe_delta default alike."""
+    S, _, r_max, _ = A.shape
+    if ranks is None:
+        ranks = _full(A, S, r_max, "int32")
+    if t is None:
+        k = topk_ids.shape[1] if topk_ids is not None else top_k
+        t = _zeros(x, (x.shape[0] * k, r_max), _dtype_str(x))
+    return ranks, t
+
+
 def lora_shrink(x, A, topk_ids=None, slot_ids=None, *, ranks=None, sorted_token_ids=None,
                 expert_ids=None, num_tokens_post_pad=None, block_size: int = 0,
                 top_k: int = 0, out=None, stream=None):
@@ -58,13 +70,7 @@ def lora_shrink(x, A, topk_ids=None, slot_ids=None, *, ranks=None, sorted_token_
     pairs without an adapter and columns past ``r_s`` are not written. ``ranks`` defaults to
     ``r_max`` for every slot.
     """
-    S, _, r_max, _ = A.shape
-    T = x.shape[0]
-    k = topk_ids.shape[1] if topk_ids is not None else top_k
-    if ranks is None:
-        ranks = _full(A, S, r_max, "int32")
-    if out is None:
-        out = _zeros(x, (T * k, r_max), _dtype_str(x))
+    ranks, out = _shrink_defaults(x, A, topk_ids, top_k, ranks, out)
     _molora.lora_shrink(x, A, ranks, topk_ids, slot_ids, sorted_token_ids, expert_ids,
                         num_tokens_post_pad, int(block_size), int(top_k), out,
                         stream_handle(stream, x) if is_cuda(x) else 0)
@@ -111,15 +117,9 @@ def lora_moe_delta(x, A, B, y, topk_ids=None, slot_ids=None, *, ranks=None, scal
     calls on the stream and the earlier call's ``t`` and ``y`` are not this call's routing,
     ranks or ``A`` (docs/lora.md "moe_delta"). Ignored on the CPU.
     """
-    S, _, r_max, _ = A.shape
-    T = x.shape[0]
-    k = topk_ids.shape[1] if topk_ids is not None else top_k
-    if ranks is None:
-        ranks = _full(A, S, r_max, "int32")
+    ranks, t = _shrink_defaults(x, A, topk_ids, top_k, ranks, t)
     if scales is None:
-        scales = _full(A, S, 1.0, "float32")
-    if t is None:
-        t = _zeros(x, (T * k, r_max), _dtype_str(x))
+        scales = _full(A, A.shape[0], 1.0, "float32")
     _molora.lora_moe_delta(x, A, B, ranks, scales, topk_ids, slot_ids, sorted_token_ids,
                            expert_ids, num_tokens_post_pad, int(block_size), int(top_k), t, y,
                            stream_handle(stream, x) if is_cuda(x) else 0, bool(after_delta))

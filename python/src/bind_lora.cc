@@ -97,6 +97,32 @@ void routing_of(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& ref, 
   rt.num_tokens_post_pad = static_cast<const int32_t*>(ntpp->data());
 }
 
+// The shrink side of a call (lora_shrink, lora_moe_delta), checked: x [T, K] (its dtype is the
+// call's), A [S, E, r_max, K], ranks int32 [S], t [T*k, r_max] and the routing. Fills pb (op
+// shrink) and rt; returns the dtype.
+DType shrink_side(lora::Problem& pb, lora::Routing& rt, const nb::ndarray<>& x,
+                  const nb::ndarray<>& A, const nb::ndarray<>& ranks, const nb::ndarray<>& t,
+                  const Opt& topk, const Opt& slot, const Opt& sorted, const Opt& eids,
+                  const Opt& ntpp, int block_size, int top_k) {
+  const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
+  check_operands(
+      x, "x", dt,
+      {{A, "A", std::nullopt, 4}, {t, "t", std::nullopt, 2}, {ranks, "ranks", DType::kI32, 1}});
+  pb.op = Op::kShrink;
+  pb.dtype = dt;
+  pb.num_tokens = static_cast<int64_t>(x.shape(0));
+  pb.K = static_cast<int64_t>(x.shape(1));
+  pb.num_slots = static_cast<int>(A.shape(0));
+  pb.num_experts = static_cast<int>(A.shape(1));
+  pb.r_max = static_cast<int>(A.shape(2));
+  check_dim(A, "A", 3, pb.K, "K = x.shape[1]");
+  check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = A.shape[0]");
+  routing_of(pb, rt, x, "x", topk, slot, sorted, eids, ntpp, block_size, top_k);
+  check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
+  check_dim(t, "t", 1, pb.r_max, "r_max = A.shape[2]");
+  return dt;
+}
+
 Binder bind_lora([](nb::module_& m) {
   m.def(
       "lora_plan",
@@ -154,25 +180,9 @@ Binder bind_lora([](nb::module_& m) {
       "lora_shrink",
       [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> ranks, Opt topk, Opt slot, Opt sorted,
          Opt eids, Opt ntpp, int block_size, int top_k, nb::ndarray<> t, uintptr_t stream) {
-        const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
-        check_operands(x, "x", dt,
-                       {{A, "A", std::nullopt, 4},
-                        {t, "t", std::nullopt, 2},
-                        {ranks, "ranks", DType::kI32, 1}});
         lora::Problem pb;
-        pb.op = Op::kShrink;
-        pb.dtype = dt;
-        pb.num_tokens = static_cast<int64_t>(x.shape(0));
-        pb.K = static_cast<int64_t>(x.shape(1));
-        pb.num_slots = static_cast<int>(A.shape(0));
-        pb.num_experts = static_cast<int>(A.shape(1));
-        pb.r_max = static_cast<int>(A.shape(2));
-        check_dim(A, "A", 3, pb.K, "K = x.shape[1]");
-        check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = A.shape[0]");
         lora::Routing rt;
-        routing_of(pb, rt, x, "x", topk, slot, sorted, eids, ntpp, block_size, top_k);
-        check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
-        check_dim(t, "t", 1, pb.r_max, "r_max = A.shape[2]");
+        shrink_side(pb, rt, x, A, ranks, t, topk, slot, sorted, eids, ntpp, block_size, top_k);
         const int32_t* rk = static_cast<const int32_t*>(ranks.data());
         if (is_cuda(x, "x")) {
           throw_if_error(
@@ -243,33 +253,19 @@ Binder bind_lora([](nb::module_& m) {
       [](nb::ndarray<> x, nb::ndarray<> A, nb::ndarray<> B, nb::ndarray<> ranks,
          nb::ndarray<> scales, Opt topk, Opt slot, Opt sorted, Opt eids, Opt ntpp, int block_size,
          int top_k, nb::ndarray<> t, nb::ndarray<> y, uintptr_t stream, bool after_delta) {
-        const DType dt = check_array(x, "x", {DType::kBF16, DType::kF16, DType::kF32}, 2);
-        check_operands(x, "x", dt,
-                       {{A, "A", std::nullopt, 4},
-                        {B, "B", std::nullopt, 4},
-                        {t, "t", std::nullopt, 2},
-                        {y, "y", std::nullopt, 2},
-                        {ranks, "ranks", DType::kI32, 1},
-                        {scales, "scales", DType::kF32, 1}});
         lora::Problem pb;
-        pb.op = Op::kShrink;
-        pb.dtype = dt;
-        pb.num_tokens = static_cast<int64_t>(x.shape(0));
-        pb.K = static_cast<int64_t>(x.shape(1));
-        pb.num_slots = static_cast<int>(A.shape(0));
-        pb.num_experts = static_cast<int>(A.shape(1));
-        pb.r_max = static_cast<int>(A.shape(2));
-        check_dim(A, "A", 3, pb.K, "K = x.shape[1]");
+        lora::Routing rt;
+        const DType dt =
+            shrink_side(pb, rt, x, A, ranks, t, topk, slot, sorted, eids, ntpp, block_size, top_k);
+        check_operands(x, "x", dt,
+                       {{B, "B", std::nullopt, 4},
+                        {y, "y", std::nullopt, 2},
+                        {scales, "scales", DType::kF32, 1}});
         check_dim(B, "B", 0, pb.num_slots, "num_slots = A.shape[0]");
         check_dim(B, "B", 1, pb.num_experts, "num_experts = A.shape[1]");
         check_dim(B, "B", 3, pb.r_max, "r_max = A.shape[2]");
         const int64_t N = static_cast<int64_t>(B.shape(2));
-        check_dim(ranks, "ranks", 0, pb.num_slots, "num_slots = A.shape[0]");
         check_dim(scales, "scales", 0, pb.num_slots, "num_slots = A.shape[0]");
-        lora::Routing rt;
-        routing_of(pb, rt, x, "x", topk, slot, sorted, eids, ntpp, block_size, top_k);
-        check_dim(t, "t", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
-        check_dim(t, "t", 1, pb.r_max, "r_max = A.shape[2]");
         check_dim(y, "y", 0, pb.num_tokens * pb.top_k, "num_tokens * top_k");
         check_dim(y, "y", 1, N, "N = B.shape[2]");
         const int32_t* rk = static_cast<const int32_t*>(ranks.data());

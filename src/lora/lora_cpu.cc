@@ -210,15 +210,20 @@ Status expand_cpu(const Problem& pb, const void* t, const void* B, const int32_t
   return Status::Ok();
 }
 
+Status detail::validate_delta(const char* who, const Problem& pb, int64_t N) {
+  if (pb.op != Op::kShrink)
+    return Status::InvalidArgument(std::string(who) +
+                                   " takes the shrink's problem (op shrink, K set)");
+  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  return validate_problem(delta_expand_problem(pb, N));
+}
+
 Status moe_delta_cpu(const Problem& pb, int64_t N, const void* x, const void* A, const void* B,
                      const int32_t* ranks, const float* scales, const Routing& rt, void* t,
                      void* y) {
   // Everything the two calls check, before the first writes t.
-  if (pb.op != Op::kShrink)
-    return Status::InvalidArgument("moe_delta takes the shrink's problem (op shrink, K set)");
-  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
+  MOLORA_RETURN_IF_ERROR(detail::validate_delta("moe_delta", pb, N));
   const Problem pbe = delta_expand_problem(pb, N);
-  MOLORA_RETURN_IF_ERROR(validate_problem(pbe));
   if (scales == nullptr) return Status::InvalidArgument("scales is required (f32 [num_slots])");
   if (pb.num_tokens > 0 && (B == nullptr || y == nullptr))
     return Status::InvalidArgument("B and y must not be null");

@@ -96,6 +96,11 @@ constexpr int kGroupCap = 4096;
 constexpr int kShrinkMembers = 4;
 constexpr int kExpandMembers = 8;
 
+// The checks of a delta's problems shared by moe_delta, moe_delta_cpu and plan_delta: pb is a
+// shrink's (op kShrink, K set) and both it and its expand's (delta_expand_problem(pb, N)) are
+// valid. `who` names the caller in the error.
+Status validate_delta(const char* who, const Problem& pb, int64_t N);
+
 // Launches the planned kernel (lora.cu). dtype kF16 or kBF16.
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 // An empty kernel of `grid` CTAs x `threads` (the benchmark's launch baseline: what one call

@@ -405,8 +405,7 @@ Problem delta_expand_problem(const Problem& pb, int64_t N) {
 
 Status plan_delta(const Problem& pb, int64_t N, DeltaPlan* out, const PlanOptions& opt) {
   if (out == nullptr) return Status::InvalidArgument("plan_delta: out is null");
-  if (pb.op != Op::kShrink)
-    return Status::InvalidArgument("plan_delta takes the shrink's problem (op shrink, K set)");
+  MOLORA_RETURN_IF_ERROR(detail::validate_delta("plan_delta", pb, N));
   DeltaPlan d;
   MOLORA_RETURN_IF_ERROR(plan(pb, &d.shrink, opt));
   PlanOptions oe = opt;

@@ -184,16 +184,13 @@ Status expand(const Problem& pb, const Plan* plan_in, const void* t, const void*
 Status moe_delta(const Problem& pb, int64_t N, const DeltaPlan* plan_in, const void* x,
                  const void* A, const void* B, const int32_t* ranks, const float* scales,
                  const Routing& rt, void* t, void* y, cudaStream_t stream, int shrink_early) {
-  if (pb.op != Op::kShrink)
-    return Status::InvalidArgument("moe_delta takes the shrink's problem (op shrink, K set)");
+  MOLORA_RETURN_IF_ERROR(detail::validate_delta("moe_delta", pb, N));
   if (shrink_early < -1 || shrink_early > 1)
     return Status::InvalidArgument("moe_delta: shrink_early must be -1, 0 or 1, got " +
                                    std::to_string(shrink_early));
-  MOLORA_RETURN_IF_ERROR(validate_problem(pb));
-  const Problem pbe = delta_expand_problem(pb, N);
-  MOLORA_RETURN_IF_ERROR(validate_problem(pbe));
 #if MOLORA_HAVE_CUDA
   if (pb.num_tokens == 0) return Status::Ok();
+  const Problem pbe = delta_expand_problem(pb, N);
   MOLORA_RETURN_IF_ERROR(check_ptrs(
       pb, rt, stream,
       {{x, "x"}, {A, "A"}, {B, "B"}, {ranks, "ranks"}, {scales, "scales"}, {t, "t"}, {y, "y"}}));

@@ -202,6 +202,19 @@ def _torch_cuda():
     return torch
 
 
+def _cuda_routing(torch, routing, topk, slot, S, E):
+    """The routing on the GPU as the calls take it: (positional args, keyword args). plain:
+    topk_ids and slot_ids; aligned: align's layout over S*E virtual experts, blocks of 16."""
+    dev = "cuda"
+    if routing == "plain":
+        return (torch.from_numpy(topk).to(dev), torch.from_numpy(slot).to(dev)), {}
+    srt, eids, ntpp = align(topk, slot, S, E, 16)
+    return (), dict(sorted_token_ids=torch.from_numpy(srt).to(dev),
+                    expert_ids=torch.from_numpy(eids).to(dev),
+                    num_tokens_post_pad=torch.from_numpy(ntpp).to(dev), block_size=16,
+                    top_k=topk.shape[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("routing", ["plain", "aligned"])
@@ -212,16 +225,9 @@ def test_gpu_matches_reference(dtype, routing):
     tdt = getattr(torch, dtype)
     dev = "cuda"
     xc, Ac, Bc = (torch.from_numpy(a).to(dev, tdt) for a in (x, A, B))
-    kw = dict(ranks=torch.from_numpy(ranks).to(dev))
     k = topk.shape[1]
-    if routing == "plain":
-        args = (torch.from_numpy(topk).to(dev), torch.from_numpy(slot).to(dev))
-    else:
-        srt, eids, ntpp = align(topk, slot, 4, 16, 16)
-        args = ()
-        kw.update(sorted_token_ids=torch.from_numpy(srt).to(dev),
-                  expert_ids=torch.from_numpy(eids).to(dev),
-                  num_tokens_post_pad=torch.from_numpy(ntpp).to(dev), block_size=16, top_k=k)
+    args, kw = _cuda_routing(torch, routing, topk, slot, 4, 16)
+    kw["ranks"] = torch.from_numpy(ranks).to(dev)
     t = molora.lora_shrink(xc, Ac, *args, **kw)
     want_t = ref_shrink(xc.float().cpu().numpy(), Ac.float().cpu().numpy(), topk, slot, ranks)
     tol = 1e-2 if dtype == "bfloat16" else 2e-3
@@ -330,16 +336,9 @@ def test_gpu_moe_delta_matches_reference_and_the_two_calls(routing, T):
                                                dtype=np.float32)
     dev = "cuda"
     xc, Ac, Bc = (torch.from_numpy(a).to(dev, torch.bfloat16) for a in (x, A, B))
-    kw = dict(ranks=torch.from_numpy(ranks).to(dev), scales=torch.from_numpy(scales).to(dev))
     k = topk.shape[1]
-    if routing == "plain":
-        args = (torch.from_numpy(topk).to(dev), torch.from_numpy(slot).to(dev))
-    else:
-        srt, eids, ntpp = align(topk, slot, 4, 16, 16)
-        args = ()
-        kw.update(sorted_token_ids=torch.from_numpy(srt).to(dev),
-                  expert_ids=torch.from_numpy(eids).to(dev),
-                  num_tokens_post_pad=torch.from_numpy(ntpp).to(dev), block_size=16, top_k=k)
+    args, kw = _cuda_routing(torch, routing, topk, slot, 4, 16)
+    kw.update(ranks=torch.from_numpy(ranks).to(dev), scales=torch.from_numpy(scales).to(dev))
     y0 = torch.randn(T * k, B.shape[2], device=dev).to(torch.bfloat16)
     t = torch.full((T * k, A.shape[2]), float("nan"), device=dev, dtype=torch.bfloat16)
     y = molora.lora_moe_delta(xc, Ac, Bc, y0.clone(), *args, t=t, **kw)
