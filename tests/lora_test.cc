@@ -2,6 +2,7 @@
 // planner, and input validation (errors name the argument, nothing is written).
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include "lora_test_util.h"
 #include "molora/settings.h"
@@ -191,6 +192,32 @@ TEST(LoraCpu, ValidationNamesTheArgumentAndWritesNothing) {
     pb.num_tokens = 65536;
     pb.top_k = 2;
     EXPECT_EQ(validate_problem(pb).code(), molora::StatusCode::kOutOfRange);
+    // A num_tokens whose product with top_k overflows int64 (found by tests/extra/lora_fuzz.sh:
+    // 2^62 * 4 wrapped to 0 and passed).
+    pb.num_tokens = int64_t{1} << 62;
+    pb.top_k = 4;
+    const Status st = validate_problem(pb);
+    EXPECT_EQ(st.code(), molora::StatusCode::kOutOfRange) << st.to_string();
+    pb.num_tokens = 65536, pb.top_k = 1;
+    EXPECT_TRUE(validate_problem(pb).ok());
+  }
+  {
+    // sorted_len up to the longest align output, 65536 + S * E * (block_size - 1); past it (and
+    // at INT64_MAX, which overflowed the planner's block count, found by the fuzzer) an error.
+    Problem pb = base.pb;
+    pb.routing = RoutingKind::kAligned;
+    pb.block_size = 16;
+    const int64_t max_len = 65536 + int64_t{c.S} * c.E * 15;
+    pb.sorted_len = max_len;
+    EXPECT_TRUE(validate_problem(pb).ok());
+    for (int64_t bad : {max_len + 1, std::numeric_limits<int64_t>::max()}) {
+      pb.sorted_len = bad;
+      const Status st = validate_problem(pb);
+      EXPECT_EQ(st.code(), molora::StatusCode::kOutOfRange) << bad;
+      EXPECT_NE(st.message().find("sorted_len"), std::string::npos) << st.message();
+      Plan pl;
+      EXPECT_FALSE(plan(pb, &pl).ok());
+    }
   }
 }
 

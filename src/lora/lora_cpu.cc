@@ -54,9 +54,10 @@ Status validate_problem(const Problem& pb) {
                                    dtype_name(pb.dtype));
   if (pb.num_tokens < 0) return Status::InvalidArgument("num_tokens must be >= 0");
   if (pb.top_k < 1 || pb.top_k > 64) return Status::InvalidArgument("top_k must be in [1, 64]");
-  if (pb.num_tokens * pb.top_k > 65536)
+  // (num_tokens first: the product of a huge num_tokens and top_k would overflow)
+  if (pb.num_tokens > 65536 || pb.num_tokens * pb.top_k > 65536)
     return Status::OutOfRange("num_tokens * top_k must be <= 65536, got " +
-                              std::to_string(pb.num_tokens * pb.top_k));
+                              std::to_string(pb.num_tokens) + " * " + std::to_string(pb.top_k));
   if (pb.num_slots < 1) return Status::InvalidArgument("num_slots must be >= 1");
   if (pb.num_experts < 1) return Status::InvalidArgument("num_experts must be >= 1");
   if (static_cast<int64_t>(pb.num_slots) * pb.num_experts > (1 << 24))
@@ -80,6 +81,14 @@ Status validate_problem(const Problem& pb) {
       return Status::InvalidArgument("block_size must be in [1, 1024], got " +
                                      std::to_string(pb.block_size));
     if (pb.sorted_len < 0) return Status::InvalidArgument("sorted_len must be >= 0");
+    // The longest align output (65536 pairs, every virtual expert padded by block_size - 1);
+    // it also keeps the planner's block counts far from overflow.
+    const int64_t max_len = 65536 + static_cast<int64_t>(pb.num_slots) * pb.num_experts *
+                                        (static_cast<int64_t>(pb.block_size) - 1);
+    if (pb.sorted_len > max_len)
+      return Status::OutOfRange(
+          "sorted_len must be <= 65536 + num_slots * num_experts * (block_size - 1) = " +
+          std::to_string(max_len) + ", got " + std::to_string(pb.sorted_len));
   }
   return Status::Ok();
 }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# libFuzzer on the lora part's host side (validate_problem, plan, plan_delta and the CPU
+# references on adversarial Problems, options, ranks and routing ids; fuzz/lora_host_fuzz.cc says
+# what it checks) for LORA_FUZZ_SECONDS (default 60) seconds. A small separate build without
+# CUDA: clang (Debian clang 14 + libclang-rt-14-dev), the lora host sources, Status/settings and
+# nlohmann-json from Debian.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CXX=${LORA_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
+OUT=${LORA_FUZZ_DIR:-build-fuzz-lora}
+SECONDS_TO_RUN=${LORA_FUZZ_SECONDS:-60}
+mkdir -p "$OUT/corpus"
+bin=$OUT/lora_host_fuzz
+srcs=(fuzz/lora_host_fuzz.cc src/lora/lora_cpu.cc src/lora/lora_plan.cc src/core/status.cc
+      src/core/settings.cc)
+if [ ! -x "$bin" ] ||
+   [ -n "$(find "${srcs[@]}" src/lora/*.h include/molora/*.h -newer "$bin")" ]; then
+  echo "lora_fuzz: building $bin with $CXX"
+  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -DMOLORA_HAVE_CUDA=0 -Iinclude -Isrc "${srcs[@]}" -lpthread -o "$bin"
+fi
+# Seeds: a small valid shrink (plain), a small valid aligned expand, a large planner-only case.
+printf '\x00\x02\x00\xff\x03\xff\x02\xff\x01\xff\x01\x00\xff\x02\xff\x04\xff\x10\x00' > "$OUT/corpus/shrink"
+printf '\x01\x01\x01\xff\x02\xff\x01\xff\x02\xff\x02\x01\xff\x03\xff\x20\x00\xff\x01' > "$OUT/corpus/expand"
+printf '\x00\x02\x01\x02\x01\x01\x01\x03\x01\x03\x02\x00\x00' > "$OUT/corpus/large"
+echo "lora_fuzz: running $SECONDS_TO_RUN s"
+"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=2048 -timeout=10 -rss_limit_mb=2048 \
+  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
+echo "lora_fuzz: no crash"
