@@ -12,10 +12,17 @@
 //     out of range, duplicated pairs, num_tokens_post_pad off the block, slot -1. A call that
 //     fails must leave its outputs as they were; moe_delta_cpu must give the bits of shrink_cpu
 //     then expand_cpu, and fail exactly when one of the two does.
+// Inputs whose first byte is 'C' are a tuned-config file instead (the rest of the bytes, written
+// to a file the planner is pointed at): whatever the file holds, valid Problems must still plan
+// (a bad file or entry is ignored, with a log line), and what they plan must be launchable.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "molora/lora.h"
@@ -59,9 +66,55 @@ void fill(std::vector<uint16_t>& v, Bytes& b) {
 
 [[noreturn]] void fail() { __builtin_trap(); }
 
+// Plans a few valid Problems of the seed shapes (grid and stream kernels, both ops, both
+// routings) against the config file at `path`.
+void plan_against_config(const std::string& path) {
+  struct Shape {
+    Op op;
+    RoutingKind rt;
+    int64_t T, dim;
+    int r_max;
+  };
+  const Shape shapes[] = {{Op::kShrink, RoutingKind::kPlain, 8, 6144, 32},
+                          {Op::kExpand, RoutingKind::kPlain, 1, 6144, 32},
+                          {Op::kShrink, RoutingKind::kAligned, 8, 4096, 32},
+                          {Op::kExpand, RoutingKind::kAligned, 64, 2048, 16}};
+  for (const Shape& sh : shapes) {
+    Problem pb;
+    pb.op = sh.op;
+    pb.dtype = DType::kBF16;
+    pb.routing = sh.rt;
+    pb.num_tokens = sh.T;
+    pb.top_k = 8;
+    pb.num_slots = 8;
+    pb.num_experts = 160;
+    pb.r_max = sh.r_max;
+    (sh.op == Op::kShrink ? pb.K : pb.N) = sh.dim;
+    if (sh.rt == RoutingKind::kAligned) {
+      pb.block_size = 16;
+      pb.sorted_len = sh.T * 8 + 1280 * 15;
+    }
+    PlanOptions o;
+    o.config_path = path;
+    o.sm_count = 132;
+    Plan pl;
+    if (!plan(pb, &pl, o).ok()) fail();  // a config file broke a valid call
+    if (pl.grid < 1 || pl.grid > pl.max_items || pl.tile < 1) fail();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > 0 && data[0] == 'C') {
+    static const std::string path = "/tmp/molora_lora_fuzz_" + std::to_string(getpid()) + ".json";
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) return 0;
+    std::fwrite(data + 1, 1, size - 1, f);
+    std::fclose(f);
+    plan_against_config(path);
+    return 0;
+  }
   Bytes b{data, size};
   Problem pb;
   pb.op = (b.u8() & 1) ? Op::kExpand : Op::kShrink;

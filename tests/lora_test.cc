@@ -859,6 +859,81 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   std::remove(path.c_str());
 }
 
+// A config file (or entry) the kernels cannot use is ignored: the call plans with the
+// heuristic (and the log says why, once) instead of failing or crashing. Found by
+// tests/extra/lora_fuzz.sh: "entries" that is not a list threw from nlohmann::json and ended the
+// process; a float tile was converted to int (undefined behaviour); an entry with a tile the
+// kernel does not take made every call of its shape fail. Each file is written to the same
+// path, one after the other (a file rewritten within a second is read again).
+TEST(LoraPlan, BadConfigFilesAndEntriesFallBackToTheHeuristic) {
+  const std::string path = testing::TempDir() + "lora_bad_config_test.json";
+  Problem pb = problem(Op::kExpand, 8, 128, 16, 2048);
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = path;
+  Plan heur;
+  {
+    PlanOptions h = o;
+    h.config_path = "none";
+    ASSERT_TRUE(plan(pb, &heur, h).ok());
+  }
+  const std::string good =
+      R"({"op": "expand", "dtype": "bf16", "routing": "plain", "dim": 2048, "r_max": 16, )"
+      R"("p_min": 9, "p_max": 64, "tile": 256, "unroll": 8})";
+  auto with = [&](const std::string& field, const std::string& value) {
+    std::string e = good;
+    const size_t at = e.find("\"" + field + "\": ");
+    const size_t end = e.find_first_of(",}", at);
+    return e.substr(0, at) + "\"" + field + "\": " + value + e.substr(end);
+  };
+  struct Doc {
+    const char* name;
+    std::string text;
+    bool tuned;
+  };
+  const Doc docs[] = {
+      {"the good entry", "{\"entries\": [" + good + "]}", true},
+      {"entries a number", R"({"entries": 5})", false},
+      {"entries an object", R"({"entries": {"op": "expand"}})", false},
+      {"a list, not an object", "[" + good + "]", false},
+      {"truncated", "{\"entries\": [" + good, false},
+      {"empty file", "", false},
+      {"an entry that is a number, then the good one", "{\"entries\": [7, " + good + "]}", true},
+      {"dim a string", "{\"entries\": [" + with("dim", "\"2048\"") + "]}", false},
+      {"tile a float past int", "{\"entries\": [" + with("tile", "1e30") + "]}", false},
+      {"tile past int", "{\"entries\": [" + with("tile", "4294967552") + "]}", false},
+      {"p_max past int64", "{\"entries\": [" + with("p_max", "18446744073709551615") + "]}", false},
+      {"tile 12 (not a multiple of 8)", "{\"entries\": [" + with("tile", "12") + "]}", false},
+      {"unroll 5", "{\"entries\": [" + with("unroll", "5") + "]}", false},
+      {"tile -256", "{\"entries\": [" + with("tile", "-256") + "]}", false},
+      {"op null", "{\"entries\": [" + with("op", "null") + "]}", false},
+  };
+  size_t i = 0;
+  for (const Doc& d : docs) {
+    SCOPED_TRACE(d.name);
+    {
+      // Padded to a size of its own: the planner rereads a file whose modification time or size
+      // changed, and two writes within the file system's clock tick share a time.
+      std::ofstream f(path, std::ios::trunc);
+      ASSERT_LT(d.text.size(), 1000u);
+      f << d.text << std::string(1000 + i++ - d.text.size(), ' ');
+    }
+    Plan pl;
+    const Status st = plan(pb, &pl, o);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    if (d.tuned) {
+      EXPECT_EQ(pl.source, "tuned:" + path);
+      EXPECT_EQ(pl.tile, 256);
+      EXPECT_EQ(pl.unroll, 8);
+    } else {
+      EXPECT_EQ(pl.source, "heuristic");
+      EXPECT_EQ(pl.tile, heur.tile);
+      EXPECT_EQ(pl.unroll, heur.unroll);
+    }
+  }
+  std::remove(path.c_str());
+}
+
 TEST(LoraPlan, DefaultConfigPathNamesTheGpu) {
   std::string p = default_config_path("NVIDIA H200");
   EXPECT_NE(p.find("configs/lora/nvidia_h200.json"), std::string::npos) << p;

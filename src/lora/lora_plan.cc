@@ -69,47 +69,97 @@ struct Tuned {
   int tile = 0, unroll = 0;
 };
 
-// Parsed config files, keyed by path and modification time.
+// A config entry's field, type-checked: a string, or an integer (a float or a string where an
+// integer belongs, or an integer past int range, is not one). Missing: the default. A field of
+// the wrong type sets *bad.
+std::string str_field(const nlohmann::json& e, const char* key, const char* def, bool* bad) {
+  auto it = e.find(key);
+  if (it == e.end()) return def;
+  if (!it->is_string()) {
+    *bad = true;
+    return def;
+  }
+  return it->get<std::string>();
+}
+int64_t int_field(const nlohmann::json& e, const char* key, int64_t def, bool* bad) {
+  auto it = e.find(key);
+  if (it == e.end()) return def;
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{1} << 62)) {
+    *bad = true;
+    return def;
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v > (int64_t{1} << 31) || v < -(int64_t{1} << 31)) *bad = true;
+  return v;
+}
+
+// Parsed config files, keyed by path. A file that does not parse, or
+// whose "entries" is not a list, is ignored; so is an entry that is not an object or has a field
+// of the wrong type. Each is logged once (log_once: never silent).
 bool lookup_tuned(const std::string& path, const Problem& pb, const std::string& kernel,
                   Tuned* out) {
   struct stat st {};
   if (path.empty() || stat(path.c_str(), &st) != 0) return false;
-  static std::map<std::string, std::pair<long long, nlohmann::json>> files;
+  // (Reread when its modification time, to the nanosecond, or its size changes: a file
+  // rewritten within the same second is read again.)
+  static std::map<std::string, std::pair<std::string, nlohmann::json>> files;
+  const std::string stamp = std::to_string(st.st_mtim.tv_sec) + "." +
+                            std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_size);
   nlohmann::json doc;
   {
     std::lock_guard<std::mutex> lock(mu());
     auto& slot = files[path];
-    if (slot.first != static_cast<long long>(st.st_mtime) || slot.second.is_null()) {
+    if (slot.first != stamp || slot.second.is_null()) {
       std::ifstream in(path);
       nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-      if (j.is_discarded() || !j.contains("entries")) {
-        log_once("lora-config-bad:" + path, "lora: ignoring unreadable config " + path);
+      if (j.is_discarded() || !j.is_object() || !j.contains("entries") ||
+          !j["entries"].is_array()) {
+        log_once("lora-config-bad:" + path,
+                 "lora: ignoring unreadable config " + path + " (want {\"entries\": [...]})");
         return false;
       }
-      slot = {static_cast<long long>(st.st_mtime), j};
+      slot = {stamp, j};
     }
     doc = slot.second;
   }
   const int64_t P = pb.num_tokens * pb.top_k;
   const int64_t dim = pb.op == Op::kShrink ? pb.K : pb.N;
   int64_t best_p = -1;
+  size_t index = 0;
   for (const auto& e : doc["entries"]) {
-    if (e.value("op", "") != op_name(pb.op) || e.value("dtype", "") != dtype_name(pb.dtype) ||
-        e.value("routing", "") != routing_name(pb.routing) || e.value("dim", 0LL) != dim ||
-        e.value("r_max", 0) != pb.r_max || e.value("kernel", "grid") != kernel)
+    const size_t i = index++;
+    bool bad = !e.is_object();
+    if (!bad &&
+        (str_field(e, "op", "", &bad) != op_name(pb.op) ||
+         str_field(e, "dtype", "", &bad) != dtype_name(pb.dtype) ||
+         str_field(e, "routing", "", &bad) != routing_name(pb.routing) ||
+         int_field(e, "dim", 0, &bad) != dim || int_field(e, "r_max", 0, &bad) != pb.r_max ||
+         str_field(e, "kernel", "grid", &bad) != kernel) &&
+        !bad)
       continue;
     // [p_min, p_max]: the pairs of the token count the entry was tuned at, down to the bucket
     // below (an entry without p_min covers every P up to p_max). A P in a bucket the tuner
     // measured and left to the heuristic has no entry, so it must not take a larger bucket's.
-    int64_t pm = e.value("p_max", 0LL);
-    if (pm < P || e.value("p_min", 0LL) > P) continue;
+    const int64_t pm = bad ? 0 : int_field(e, "p_max", 0, &bad);
+    const int64_t pmin = bad ? 0 : int_field(e, "p_min", 0, &bad);
+    const int64_t tile = bad ? 0 : int_field(e, "tile", 0, &bad);
+    const int64_t unroll = bad ? 0 : int_field(e, "unroll", 0, &bad);
+    bad = bad || tile < 1;  // (no tile, or none a kernel takes)
+    if (bad) {
+      log_once("lora-config-entry:" + path + ":" + std::to_string(i),
+               "lora: ignoring entry " + std::to_string(i) + " of config " + path +
+                   " (not an object, a field of the wrong type, or no tile >= 1)");
+      continue;
+    }
+    if (pm < P || pmin > P) continue;
     if (best_p < 0 || pm < best_p) {
       best_p = pm;
-      out->tile = e.value("tile", 0);
-      out->unroll = e.value("unroll", 0);
+      out->tile = static_cast<int>(tile);
+      out->unroll = static_cast<int>(unroll);
     }
   }
-  return best_p >= 0 && out->tile > 0;
+  return best_p >= 0;
 }
 
 int pow2_ceil(int64_t x) {
@@ -259,11 +309,39 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   std::string cfg = opt.config_path;
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
   if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
+  // What the kernel takes: "" when (tile, unroll) is valid, else why not.
+  auto config_error = [&](int t, int u) -> std::string {
+    if (stream) {
+      if (pb.op == Op::kShrink && !detail::stream_tile_ok(pb.op, pb.r_max, t))
+        return "stream shrink tile must be " + std::to_string(detail::kStreamShrinkRows) +
+               ", got " + std::to_string(t);
+      if (pb.op == Op::kExpand && !detail::stream_tile_ok(pb.op, pb.r_max, t))
+        return "stream expand tile must be a multiple of 32 in [32, " +
+               std::to_string(detail::stream_expand_tile(pb.r_max)) + "], got " + std::to_string(t);
+      return "";
+    }
+    if (pb.op == Op::kShrink && (t < 1 || t > pb.r_max || (t & (t - 1)) != 0))
+      return "shrink tile must be a power of two in [1, r_max], got " + std::to_string(t);
+    if (pb.op == Op::kExpand && (t < 8 || t % 8 != 0 || t > 16384))
+      return "expand tile must be a multiple of 8 in [8, 16384], got " + std::to_string(t);
+    if (u != 4 && u != 8) return "unroll must be 4 or 8, got " + std::to_string(u);
+    return "";
+  };
   Tuned tuned;
   if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
-    tile = tuned.tile;
-    if (tuned.unroll > 0 && !stream) unroll = tuned.unroll;
-    pl.source = "tuned:" + cfg;
+    const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
+    const std::string why = config_error(tuned.tile, tu);
+    if (why.empty()) {
+      tile = tuned.tile;
+      unroll = tu;
+      pl.source = "tuned:" + cfg;
+    } else {  // an entry the kernel cannot take: the heuristic, and the log says why
+      log_once("lora-config-invalid:" + cfg + ":" + std::to_string(tuned.tile) + ":" +
+                   std::to_string(tu),
+               "lora: ignoring a config entry of " + cfg + " for " + op_name(pb.op) +
+                   " dim=" + std::to_string(pb.op == Op::kShrink ? pb.K : pb.N) +
+                   " r_max=" + std::to_string(pb.r_max) + ": " + why);
+    }
   }
   if (opt.force_tile > 0) {
     tile = opt.force_tile;
@@ -274,25 +352,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     unroll = opt.force_unroll;
     pl.source = "forced";
   }
-  if (stream) {
-    if (pb.op == Op::kShrink && !detail::stream_tile_ok(pb.op, pb.r_max, tile))
-      return Status::InvalidArgument("stream shrink tile must be " +
-                                     std::to_string(detail::kStreamShrinkRows) + ", got " +
-                                     std::to_string(tile));
-    if (pb.op == Op::kExpand && !detail::stream_tile_ok(pb.op, pb.r_max, tile))
-      return Status::InvalidArgument("stream expand tile must be a multiple of 32 in [32, " +
-                                     std::to_string(detail::stream_expand_tile(pb.r_max)) +
-                                     "], got " + std::to_string(tile));
-  } else {
-    if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
-      return Status::InvalidArgument("shrink tile must be a power of two in [1, r_max], got " +
-                                     std::to_string(tile));
-    if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
-      return Status::InvalidArgument("expand tile must be a multiple of 8 in [8, 16384], got " +
-                                     std::to_string(tile));
-    if (unroll != 4 && unroll != 8)
-      return Status::InvalidArgument("unroll must be 4 or 8, got " + std::to_string(unroll));
-  }
+  if (const std::string why = config_error(tile, unroll); !why.empty())
+    return Status::InvalidArgument(why);
   pl.tile = tile;
   pl.unroll = unroll;
   if (!stream) pl.stages = 0;

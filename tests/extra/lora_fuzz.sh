@@ -23,6 +23,26 @@ fi
 printf '\x00\x02\x00\xff\x03\xff\x02\xff\x01\xff\x01\x00\xff\x02\xff\x04\xff\x10\x00' > "$OUT/corpus/shrink"
 printf '\x01\x01\x01\xff\x02\xff\x01\xff\x02\xff\x02\x01\xff\x03\xff\x20\x00\xff\x01' > "$OUT/corpus/expand"
 printf '\x00\x02\x01\x02\x01\x01\x01\x03\x01\x03\x02\x00\x00' > "$OUT/corpus/large"
+# Config-file inputs ('C' + the file): the committed configs' first entries, and near-misses.
+python3 - "$OUT/corpus" <<'PY'
+import json, sys
+out = sys.argv[1]
+docs = {}
+for name in ("nvidia_h200", "nvidia_h100_80gb_hbm3"):
+    with open(f"configs/lora/{name}.json") as f:
+        d = json.load(f)
+    docs[name] = {"entries": d["entries"][:6]}
+e = {"op": "shrink", "dtype": "bf16", "routing": "plain", "dim": 6144, "r_max": 32,
+     "p_min": 57, "p_max": 64, "tile": 4, "unroll": 4}
+docs["one"] = {"entries": [e]}
+docs["bad_tile"] = {"entries": [dict(e, tile=3)]}
+docs["float_tile"] = {"entries": [dict(e, tile=1e30)]}
+docs["string_dim"] = {"entries": [dict(e, dim="6144")]}
+docs["not_list"] = {"entries": 5}
+for k, v in docs.items():
+    with open(f"{out}/config_{k}", "wb") as f:
+        f.write(b"C" + json.dumps(v).encode())
+PY
 echo "lora_fuzz: running $SECONDS_TO_RUN s"
 "$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=2048 -timeout=10 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
