@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "lora/lora_internal.h"
 #include "molora/lora.h"
 
 namespace {
@@ -152,6 +153,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ps.ok()) {
     if (!valid.ok()) fail();  // a plan for a Problem that validation refuses
     if (pl.grid < 1 || (pl.max_items > 0 && pl.grid > pl.max_items)) fail();
+    if (!detail::check_plan(pb, pl).ok()) fail();  // the kernels would refuse the planner's plan
+    // A plan with one field changed must still be checked: accepted only if it stays launchable
+    // by the same rules (the check is the kernels' only guard against a caller's plan).
+    Plan q = pl;
+    switch (b.u8() % 6) {
+      case 0:
+        q.tile = static_cast<int>(b.pick({0, 1, 3, 8, 12, 32, 512, -1, kI32Max}, 64));
+        break;
+      case 1:
+        q.unroll = static_cast<int>(b.pick({0, 4, 8, 5}, 0));
+        break;
+      case 2:
+        q.smem_bytes = static_cast<size_t>(b.pick({0, 16, 64, 1 << 20}, 0));
+        break;
+      case 3:
+        q.group_cap = static_cast<int>(b.pick({0, 4096, -1}, 0));
+        break;
+      case 4:
+        q.kernel = (b.u8() & 1) ? "grid" : "stream";
+        break;
+      default:
+        q.grid = static_cast<int>(b.pick({0, -1, 1, kI32Max}, 0));
+        break;
+    }
+    if (detail::check_plan(pb, q).ok()) {
+      const bool st = q.kernel == "stream";
+      if (!detail::tile_rule_error(pb, st, q.tile, q.unroll).empty() || q.grid < 1 || q.chunks < 1)
+        fail();
+    }
   }
   if (pb.op == Op::kShrink) {
     DeltaPlan dp;

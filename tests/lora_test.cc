@@ -4,6 +4,7 @@
 #include <fstream>
 #include <limits>
 
+#include "lora/lora_internal.h"
 #include "lora_test_util.h"
 #include "molora/settings.h"
 
@@ -932,6 +933,97 @@ TEST(LoraPlan, BadConfigFilesAndEntriesFallBackToTheHeuristic) {
     }
   }
   std::remove(path.c_str());
+}
+
+// detail::check_plan, the kernels' guard against a plan passed in (shrink / expand / moe_delta
+// with plan_in): the planner's own plans pass; a plan of another shape, or one edited off the
+// planner's rules, is refused with the reason. Before, only kernel, shape, chunks, items and
+// grid were checked: a grid shrink tile of 3 (a path the planner never makes and no test runs)
+// was launched, and an aligned grid plan for blocks of 16 passed for blocks of 64 with the same
+// block count, its shared memory a quarter of what the member list writes.
+TEST(LoraPlan, CheckPlanRefusesPlansTheKernelsCannotRun) {
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  auto refused = [&](const Problem& pb, const Plan& pl, const char* why) {
+    const Status st = molora::lora::detail::check_plan(pb, pl);
+    EXPECT_FALSE(st.ok()) << why;
+    EXPECT_NE(st.message().find("plan does not match the problem"), std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
+  // The planner's plans pass, on both kernels, both ops, both routings.
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (int64_t T : {1, 8, 64, 600})
+      for (int routing = 0; routing < 2; ++routing)
+        for (const char* kernel : {"", "grid"}) {
+          Problem pb = problem(op, T, 160, 32, 2048);
+          if (routing == 1) {
+            pb.routing = RoutingKind::kAligned;
+            pb.block_size = 16;
+            pb.sorted_len = T * 8 + 1280 * 15;
+          }
+          PlanOptions k = o;
+          k.kernel = kernel;
+          Plan pl;
+          ASSERT_TRUE(plan(pb, &pl, k).ok());
+          const Status st = molora::lora::detail::check_plan(pb, pl);
+          EXPECT_TRUE(st.ok()) << st.to_string();
+        }
+  // Grid shrink, plain routing (grouped pairs).
+  Problem pb = problem(Op::kShrink, 8, 160, 32, 2048);
+  o.kernel = "grid";
+  Plan base;
+  ASSERT_TRUE(plan(pb, &base, o).ok());
+  ASSERT_EQ(base.kernel, "grid");
+  Plan q = base;
+  q.tile = 3, q.chunks = 11, q.max_items = 64 * 11;  // consistent counts, a tile off the rule
+  refused(pb, q, "power of two");
+  q = base, q.unroll = 5;
+  refused(pb, q, "unroll must be 4 or 8");
+  q = base, q.smem_bytes = 16;
+  refused(pb, q, "shared memory");
+  q = base, q.grid = 0;
+  refused(pb, q, "grid must be");
+  q = base, q.chunks += 1;
+  refused(pb, q, "chunks");
+  q = base, q.kernel = "fast";
+  refused(pb, q, "grid or stream");
+  q = base, q.kernel = "stream";
+  refused(pb, q, "aligned routing");
+  {
+    Problem big = problem(Op::kShrink, 600, 160, 32, 2048);  // P = 4800: pairs, not grouped
+    Plan pb_plan;
+    ASSERT_TRUE(plan(big, &pb_plan, o).ok());
+    EXPECT_EQ(pb_plan.group_cap, 0);
+    pb_plan.group_cap = 4096;
+    pb_plan.smem_bytes = 1 << 20;
+    refused(big, pb_plan, "grouped only up to");
+  }
+  // Aligned, grid: a plan for blocks of 16 against blocks of 64 with the same block count.
+  Problem a16 = problem(Op::kExpand, 8, 160, 32, 2048);
+  a16.routing = RoutingKind::kAligned, a16.block_size = 16, a16.sorted_len = 1024;
+  Problem a64 = a16;
+  a64.block_size = 64, a64.sorted_len = 4096;
+  Plan p16;
+  ASSERT_TRUE(plan(a16, &p16, o).ok());
+  ASSERT_TRUE(molora::lora::detail::check_plan(a16, p16).ok());
+  refused(a64, p16, "shared memory");
+  // Stream: threads and stages the kernel does not take, a tile off its rule.
+  o.kernel = "stream";
+  Problem s16 = a16;
+  Plan ps;
+  ASSERT_TRUE(plan(s16, &ps, o).ok());
+  ASSERT_EQ(ps.kernel, "stream");
+  q = ps, q.stages = 1;
+  refused(s16, q, "stages");
+  q = ps, q.threads = 33;
+  refused(s16, q, "threads");
+  q = ps, q.tile = 48, q.chunks = static_cast<int>(molora::cdiv(2048, 48));
+  q.max_items = 64 * q.chunks;
+  refused(s16, q, "multiple of 32");
+  Problem s64 = a64;  // blocks past the stream kernel's
+  refused(s64, ps, "block_size <= 32");
 }
 
 TEST(LoraPlan, DefaultConfigPathNamesTheGpu) {

@@ -101,6 +101,17 @@ constexpr int kExpandMembers = 8;
 // valid. `who` names the caller in the error.
 Status validate_delta(const char* who, const Problem& pb, int64_t N);
 
+// The planner's rule for a work item's tile (and the grid kernel's unroll): "" when the kernel
+// takes them, else why not. plan() applies it to tuned and forced values alike.
+std::string tile_rule_error(const Problem& pb, bool stream, int64_t tile, int64_t unroll);
+// A plan passed to shrink / expand / moe_delta must be one the kernels can run for pb: its
+// kernel and shape (stream: aligned, block <= 32, threads and stages the kernel takes), tile and
+// unroll by the planner's rule, chunks and items of this problem, a grid of at least one CTA,
+// and (grid kernel) the shared memory its member list needs. InvalidArgument "<op> plan does not
+// match the problem: <why> (plan: ...)" otherwise. (Before, a tile off the rule was launched on a
+// path no test runs, and shared memory below the member list was written past its end.)
+Status check_plan(const Problem& pb, const Plan& pl);
+
 // Launches the planned kernel (lora.cu). dtype kF16 or kBF16.
 Status launch(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
 // An empty kernel of `grid` CTAs x `threads` (the benchmark's launch baseline: what one call

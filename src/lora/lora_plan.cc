@@ -90,7 +90,7 @@ int64_t int_field(const nlohmann::json& e, const char* key, int64_t def, bool* b
     return def;
   }
   const int64_t v = it->get<int64_t>();
-  if (v > (int64_t{1} << 31) || v < -(int64_t{1} << 31)) *bad = true;
+  if (v >= (int64_t{1} << 31) || v < -(int64_t{1} << 31)) *bad = true;  // (not an int)
   return v;
 }
 
@@ -182,6 +182,62 @@ size_t smem_bytes(int mode, int64_t P, int block) {
                        : mode == kModeAligned ? block
                                               : 1;
   return static_cast<size_t>(ints + 3) / 4 * 16;
+}
+
+std::string tile_rule_error(const Problem& pb, bool stream, int64_t tile, int64_t unroll) {
+  if (stream) {
+    if (pb.op == Op::kShrink && !stream_tile_ok(pb.op, pb.r_max, static_cast<int>(tile)))
+      return "stream shrink tile must be " + std::to_string(kStreamShrinkRows) + ", got " +
+             std::to_string(tile);
+    if (pb.op == Op::kExpand && !stream_tile_ok(pb.op, pb.r_max, static_cast<int>(tile)))
+      return "stream expand tile must be a multiple of 32 in [32, " +
+             std::to_string(stream_expand_tile(pb.r_max)) + "], got " + std::to_string(tile);
+    return "";
+  }
+  if (pb.op == Op::kShrink && (tile < 1 || tile > pb.r_max || (tile & (tile - 1)) != 0))
+    return "shrink tile must be a power of two in [1, r_max], got " + std::to_string(tile);
+  if (pb.op == Op::kExpand && (tile < 8 || tile % 8 != 0 || tile > 16384))
+    return "expand tile must be a multiple of 8 in [8, 16384], got " + std::to_string(tile);
+  if (unroll != 4 && unroll != 8) return "unroll must be 4 or 8, got " + std::to_string(unroll);
+  return "";
+}
+
+Status check_plan(const Problem& pb, const Plan& pl) {
+  const bool aligned = pb.routing == RoutingKind::kAligned;
+  const int64_t P = pb.num_tokens * pb.top_k;
+  const int64_t dim = pb.op == Op::kShrink ? pb.K : pb.N;
+  std::string why;
+  const bool stream = pl.kernel == "stream";
+  if (!stream && pl.kernel != "grid") {
+    why = "kernel must be grid or stream, got '" + pl.kernel + "'";
+  } else if (stream && !(aligned && pb.block_size <= kStreamMaxBlock)) {
+    why = "the stream kernel needs aligned routing with block_size <= " +
+          std::to_string(kStreamMaxBlock);
+  } else if (stream && !stream_shape_ok(pb.op, pl.threads, pl.stages)) {
+    why = "stream threads " + std::to_string(pl.threads) + " / stages " +
+          std::to_string(pl.stages) + " are not a shape the kernel takes";
+  } else if (why = tile_rule_error(pb, stream, pl.tile, pl.unroll); !why.empty()) {
+  } else if (!stream && !aligned && pl.group_cap > 0 && P > kGroupCap) {
+    why = "plain pairs are grouped only up to " + std::to_string(kGroupCap);
+  } else {
+    const int64_t groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
+    const int64_t chunks = cdiv(pb.op == Op::kShrink ? pb.r_max : dim, pl.tile);
+    const int mode = aligned ? kModeAligned : pl.group_cap > 0 ? kModeGrouped : kModePairs;
+    if (pl.chunks != chunks || pl.max_items != groups * chunks) {
+      why = "chunks " + std::to_string(pl.chunks) + " and items " + std::to_string(pl.max_items) +
+            " are not this problem's " + std::to_string(chunks) + " and " +
+            std::to_string(groups * chunks);
+    } else if (pl.grid < 1) {
+      why = "grid must be >= 1";
+    } else if (!stream && pl.smem_bytes < smem_bytes(mode, P, pb.block_size)) {
+      why = "shared memory " + std::to_string(pl.smem_bytes) + " bytes is below the " +
+            std::to_string(smem_bytes(mode, P, pb.block_size)) + " its member list needs";
+    }
+  }
+  if (why.empty()) return Status::Ok();
+  return Status::InvalidArgument(std::string(op_name(pb.op)) +
+                                 " plan does not match the problem: " + why +
+                                 " (plan: " + pl.to_string() + ")");
 }
 }  // namespace detail
 
@@ -310,23 +366,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
   if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
   // What the kernel takes: "" when (tile, unroll) is valid, else why not.
-  auto config_error = [&](int t, int u) -> std::string {
-    if (stream) {
-      if (pb.op == Op::kShrink && !detail::stream_tile_ok(pb.op, pb.r_max, t))
-        return "stream shrink tile must be " + std::to_string(detail::kStreamShrinkRows) +
-               ", got " + std::to_string(t);
-      if (pb.op == Op::kExpand && !detail::stream_tile_ok(pb.op, pb.r_max, t))
-        return "stream expand tile must be a multiple of 32 in [32, " +
-               std::to_string(detail::stream_expand_tile(pb.r_max)) + "], got " + std::to_string(t);
-      return "";
-    }
-    if (pb.op == Op::kShrink && (t < 1 || t > pb.r_max || (t & (t - 1)) != 0))
-      return "shrink tile must be a power of two in [1, r_max], got " + std::to_string(t);
-    if (pb.op == Op::kExpand && (t < 8 || t % 8 != 0 || t > 16384))
-      return "expand tile must be a multiple of 8 in [8, 16384], got " + std::to_string(t);
-    if (u != 4 && u != 8) return "unroll must be 4 or 8, got " + std::to_string(u);
-    return "";
-  };
+  auto config_error = [&](int t, int u) { return detail::tile_rule_error(pb, stream, t, u); };
   Tuned tuned;
   if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;

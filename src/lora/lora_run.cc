@@ -100,22 +100,9 @@ Status prepare(const Problem& pb, const Plan* plan_in, Plan* local, detail::Kern
                                                : detail::kModePairs;
   a.tile = plan_in->tile;
   a.chunks = plan_in->chunks;
-  // A plan made for another shape would leave work items without a CTA: refuse it.
-  const int64_t groups = a.aligned ? cdiv(pb.sorted_len, pb.block_size) : a.P;
-  const int64_t chunks =
-      plan_in->tile > 0 ? cdiv(pb.op == Op::kShrink ? pb.r_max : a.dim, plan_in->tile) : 0;
-  const bool stream_plan = plan_in->kernel == "stream";
-  const bool shape_ok =
-      stream_plan ? (a.aligned && pb.block_size <= detail::kStreamMaxBlock &&
-                     detail::stream_shape_ok(pb.op, plan_in->threads, plan_in->stages) &&
-                     detail::stream_tile_ok(pb.op, pb.r_max, plan_in->tile))
-                  : (plan_in->kernel == "grid" && (plan_in->unroll == 4 || plan_in->unroll == 8) &&
-                     !(a.mode == detail::kModeGrouped && a.P > detail::kGroupCap));
-  if (!shape_ok || plan_in->chunks != chunks || plan_in->max_items != groups * chunks ||
-      plan_in->grid < 1)
-    return Status::InvalidArgument(
-        std::string(op_name(pb.op)) +
-        " plan does not match the problem (plan: " + plan_in->to_string() + ")");
+  // A plan made for another shape would leave work items without a CTA (or run them wrong):
+  // refuse it.
+  MOLORA_RETURN_IF_ERROR(detail::check_plan(pb, *plan_in));
   *use = plan_in;
   return Status::Ok();
 }
