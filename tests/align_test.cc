@@ -21,6 +21,14 @@ TEST(AlignSizes, LayoutOfTheFusedMoeFamily) {
   EXPECT_EQ(s.sorted_token_ids, 15);
   EXPECT_EQ(s.expert_ids, 1);
   EXPECT_FALSE(moe_align_sizes(1, 1, 1, 16, nullptr).ok());
+  // A topk whose product with num_tokens overflows int64 (2 * 2^62 wrapped negative and passed
+  // the pair limit; found with UBSan while fuzzing lora's checks): an error naming topk_ids.
+  const Status st = moe_align_sizes(2, int64_t{1} << 62, 8, 16, &s);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("topk_ids"), std::string::npos) << st.message();
+  EXPECT_FALSE(moe_align_sizes(int64_t{1} << 62, 4, 8, 16, &s).ok());
+  EXPECT_TRUE(moe_align_sizes(1, kAlignMaxPairs, 8, 16, &s).ok());
+  EXPECT_FALSE(moe_align_sizes(1, kAlignMaxPairs + 1, 8, 16, &s).ok());
 }
 
 TEST(AlignCpu, ReferenceOrderIsAscendingFlatIndexPerBucket) {

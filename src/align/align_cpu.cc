@@ -83,7 +83,8 @@ Status moe_align_sizes(int64_t num_tokens, int64_t topk, int64_t num_experts, in
   if (num_tokens < 0)
     return Status::InvalidArgument("num_tokens must be >= 0, got " + str(num_tokens));
   if (topk < 1) return Status::InvalidArgument("topk must be >= 1, got " + str(topk));
-  if (num_tokens > kAlignMaxPairs || num_tokens * topk > kAlignMaxPairs)
+  // (each factor first: the product of a huge one would overflow)
+  if (num_tokens > kAlignMaxPairs || topk > kAlignMaxPairs || num_tokens * topk > kAlignMaxPairs)
     return Status::InvalidArgument("topk_ids: num_tokens * topk must be <= " + str(kAlignMaxPairs) +
                                    ", got " + str(num_tokens) + " * " + str(topk));
   if (num_experts < 1 || num_experts > kAlignMaxExperts)
