@@ -1,5 +1,7 @@
 // pool CPU suite: safetensors reader (valid and hostile files), dtype conversion and the slot
 // policy (LRU, pins, −1, limits). PEFT loading into the slot layout: pool_peft_test.cc.
+#include "molora/pool.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +16,23 @@ namespace {
 using pooltest::Model;
 using pooltest::PoolFiles;
 using pooltest::Spec;
+
+// ---- create -------------------------------------------------------------------------------
+
+// Every field within its limit, the storage past 2^63 bytes: an error naming the sizes. The
+// product (slots x layers x bytes per slot and layer) wrapped before, and a host pool of a few
+// bytes was created, "ok", for it.
+TEST(PoolCreate, StoragePastInt64IsAnErrorNotAWrap) {
+  PoolConfig c;
+  c.num_slots = 4096, c.num_layers = 1024, c.num_experts = 65536;
+  c.hidden = 1 << 20, c.intermediate = 1 << 20, c.r_max = 1024;
+  c.dtype = DType::kF32, c.device = -1;
+  std::unique_ptr<AdapterPool> p;
+  const Status st = AdapterPool::create(c, &p);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("exceeds 2^63 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(p, nullptr);
+}
 
 // ---- safetensors reader ---------------------------------------------------------------------
 

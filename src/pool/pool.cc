@@ -309,7 +309,16 @@ Status AdapterPool::create(const PoolConfig& c, std::unique_ptr<AdapterPool>* ou
   MOLORA_RETURN_IF_ERROR(pool::make_layout(c, &im->layout));
   const auto& lay = im->layout;
   const int S = c.num_slots;
-  im->layer_storage = S * lay.layer_bytes;
+  // The storage, S slots x L layers: each factor is within its limit, but the product of the
+  // limits is not (2^63 past; it wrapped, and a pool of a few bytes was made for it).
+  int64_t layer_storage = 0, total = 0;
+  if (__builtin_mul_overflow(int64_t{S}, lay.layer_bytes, &layer_storage) ||
+      __builtin_mul_overflow(layer_storage, int64_t{c.num_layers}, &total))
+    return Status::ResourceExhausted("the pool's storage (num_slots " + std::to_string(S) +
+                                     " x num_layers " + std::to_string(c.num_layers) + " x " +
+                                     std::to_string(lay.layer_bytes) +
+                                     " bytes per slot and layer) exceeds 2^63 bytes");
+  im->layer_storage = layer_storage;
   // Storage order in a layer: A_gate, A_up, B_gate, B_up, A_down, B_down (each S slots).
   int64_t off = 0;
   im->offA[kPoolGate] = off, off += S * lay.a_bytes[kPoolGate];
@@ -318,7 +327,6 @@ Status AdapterPool::create(const PoolConfig& c, std::unique_ptr<AdapterPool>* ou
   im->offB[kPoolUp] = off, off += S * lay.b_bytes[kPoolUp];
   im->offA[kPoolDown] = off, off += S * lay.a_bytes[kPoolDown];
   im->offB[kPoolDown] = off, off += S * lay.b_bytes[kPoolDown];
-  const int64_t total = im->layer_storage * c.num_layers;
   const size_t nmeta = static_cast<size_t>(c.num_layers) * kPoolModules * S;
   im->rank_host.assign(nmeta, 0);
   im->scale_host.assign(nmeta, 0.f);
