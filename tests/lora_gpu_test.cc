@@ -882,6 +882,39 @@ TEST(LoraGpu, BadArgumentsAreRejected) {
   EXPECT_NE(st.message().find("dtype"), std::string::npos) << st.message();
   CK(cudaDeviceSynchronize());
   EXPECT_EQ(g.out.get(), d.out);
+  // A plan passed in that the kernels cannot run for the problem (detail::check_plan): refused
+  // with the reason, nothing written. An aligned grid plan made for blocks of 16 against blocks
+  // of 64 with the same block count (its shared memory a quarter of the member list), and a grid
+  // expand tile off the planner's rule with consistent counts.
+  {
+    Case a = c;
+    a.routing = RoutingKind::kAligned, a.block = 64;
+    const Data da = make_data(a, rng);
+    DevData ga(da);
+    PlanOptions o;
+    o.kernel = "grid";
+    o.config_path = "none";
+    Problem p16 = da.pb;
+    p16.block_size = 16;
+    p16.sorted_len = molora::cdiv(da.pb.sorted_len, 64) * 16;
+    Plan pl16, own;
+    ASSERT_TRUE(plan(p16, &pl16, o).ok());
+    ASSERT_TRUE(plan(da.pb, &own, o).ok());
+    Status s1 = expand(da.pb, &pl16, ga.in.p, ga.w.p, ga.ranks.p, ga.scales.p, ga.routing(),
+                       ga.out.p, nullptr);
+    EXPECT_NE(s1.message().find("shared memory"), std::string::npos) << s1.message();
+    Plan off = own;
+    off.tile = 12;
+    off.chunks = static_cast<int>(molora::cdiv(a.dim, 12));
+    off.max_items = molora::cdiv(da.pb.sorted_len, 64) * off.chunks;
+    Status s2 = expand(da.pb, &off, ga.in.p, ga.w.p, ga.ranks.p, ga.scales.p, ga.routing(),
+                       ga.out.p, nullptr);
+    EXPECT_NE(s2.message().find("multiple of 8"), std::string::npos) << s2.message();
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(ga.out.get(), da.out);  // neither refused call wrote y
+    // The problem's own plan runs, against the reference.
+    ASSERT_NO_FATAL_FAILURE(check_plan_runs(da, ga, own, run_cpu(da)));
+  }
 }
 
 TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
