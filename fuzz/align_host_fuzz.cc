@@ -13,9 +13,9 @@
 //     once, ascending within a bucket; and every pair either placed or counted in num_dropped.
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
+#include "fuzz_bytes.h"
 #include "molora/align.h"
 
 namespace {
@@ -23,27 +23,7 @@ namespace {
 using molora::AlignArgs;
 using molora::AlignSizes;
 using molora::DType;
-
-struct Bytes {
-  const uint8_t* p;
-  size_t n;
-  uint8_t u8() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  int64_t pick(std::initializer_list<int64_t> edges, int64_t small_max) {
-    const uint8_t c = u8();
-    if (c < edges.size()) return edges.begin()[c];
-    return small_max > 0 ? static_cast<int64_t>(u8()) % (small_max + 1) : 0;
-  }
-};
-
-constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
-constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
-constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-
-[[noreturn]] void fail() { __builtin_trap(); }
+using namespace molora::fuzz;
 
 }  // namespace
 

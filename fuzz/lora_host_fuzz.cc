@@ -21,10 +21,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
+#include "fuzz_bytes.h"
 #include "lora/lora_internal.h"
 #include "molora/lora.h"
 
@@ -33,39 +33,11 @@ namespace {
 using molora::DType;
 using molora::Status;
 using namespace molora::lora;
-
-struct Bytes {
-  const uint8_t* p;
-  size_t n;
-  uint8_t u8() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint32_t u32() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v = (v << 8) | u8();
-    return v;
-  }
-  // One of the edge values, or (past them) a small value from the next byte: a multiple of
-  // `step` in [0, small_max].
-  int64_t pick(std::initializer_list<int64_t> edges, int64_t small_max, int64_t step = 1) {
-    const uint8_t c = u8();
-    if (c < edges.size()) return edges.begin()[c];
-    return small_max > 0 ? static_cast<int64_t>(u8()) % (small_max / step + 1) * step : 0;
-  }
-};
-
-constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
-constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
-constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-constexpr int64_t kI32Min = std::numeric_limits<int32_t>::min();
+using namespace molora::fuzz;
 
 void fill(std::vector<uint16_t>& v, Bytes& b) {
   for (auto& e : v) e = static_cast<uint16_t>(b.u8() | (b.u8() << 8));
 }
-
-[[noreturn]] void fail() { __builtin_trap(); }
 
 // Plans a few valid Problems of the seed shapes (grid and stream kernels, both ops, both
 // routings) against the config file at `path`.

@@ -5,6 +5,7 @@
 # clang (Debian clang 14 + libclang-rt-14-dev), the align host sources and Status/settings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. fuzz/fuzz.sh
 CXX=${ALIGN_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
 OUT=${ALIGN_FUZZ_DIR:-build-fuzz-align}
 SECONDS_TO_RUN=${ALIGN_FUZZ_SECONDS:-30}
@@ -12,16 +13,11 @@ mkdir -p "$OUT/corpus"
 bin=$OUT/align_host_fuzz
 srcs=(fuzz/align_host_fuzz.cc src/align/align_cpu.cc src/core/status.cc src/core/settings.cc
       src/core/cuda_util.cc)
-if [ ! -x "$bin" ] ||
-   [ -n "$(find "${srcs[@]}" src/align/*.h include/molora/*.h -newer "$bin")" ]; then
+if fuzz_stale "$bin" "${srcs[@]}" fuzz/fuzz_bytes.h src/align/*.h include/molora/*.h; then
   echo "align_fuzz: building $bin with $CXX"
-  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -DMOLORA_HAVE_CUDA=0 -Iinclude -Isrc "${srcs[@]}" -lpthread -o "$bin"
+  fuzz_compile "$bin" -DMOLORA_HAVE_CUDA=0 "${srcs[@]}" -lpthread
 fi
 # Seeds: small valid shapes, with and without slot ids.
 printf '\xff\x03\xff\x02\xff\x08\x00\x00\x01\x00' > "$OUT/corpus/small"
 printf '\xff\x05\x01\xff\x10\x00\x01\x01\xff\x04\x02\x03\x01\x00\x02\x05\x06\x07' > "$OUT/corpus/slots"
-echo "align_fuzz: running $SECONDS_TO_RUN s"
-"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=1024 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
-echo "align_fuzz: no crash"
+fuzz_run align_fuzz "$bin" 1024

@@ -6,6 +6,7 @@
 # nlohmann-json from Debian.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. fuzz/fuzz.sh
 CXX=${LORA_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
 OUT=${LORA_FUZZ_DIR:-build-fuzz-lora}
 SECONDS_TO_RUN=${LORA_FUZZ_SECONDS:-60}
@@ -13,11 +14,9 @@ mkdir -p "$OUT/corpus"
 bin=$OUT/lora_host_fuzz
 srcs=(fuzz/lora_host_fuzz.cc src/lora/lora_cpu.cc src/lora/lora_plan.cc src/core/status.cc
       src/core/settings.cc)
-if [ ! -x "$bin" ] ||
-   [ -n "$(find "${srcs[@]}" src/lora/*.h include/molora/*.h -newer "$bin")" ]; then
+if fuzz_stale "$bin" "${srcs[@]}" fuzz/fuzz_bytes.h src/lora/*.h include/molora/*.h; then
   echo "lora_fuzz: building $bin with $CXX"
-  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -DMOLORA_HAVE_CUDA=0 -Iinclude -Isrc "${srcs[@]}" -lpthread -o "$bin"
+  fuzz_compile "$bin" -DMOLORA_HAVE_CUDA=0 "${srcs[@]}" -lpthread
 fi
 # Seeds: a small valid shrink (plain), a small valid aligned expand, a large planner-only case.
 printf '\x00\x02\x00\xff\x03\xff\x02\xff\x01\xff\x01\x00\xff\x02\xff\x04\xff\x10\x00' > "$OUT/corpus/shrink"
@@ -43,7 +42,4 @@ for k, v in docs.items():
     with open(f"{out}/config_{k}", "wb") as f:
         f.write(b"C" + json.dumps(v).encode())
 PY
-echo "lora_fuzz: running $SECONDS_TO_RUN s"
-"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=2048 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
-echo "lora_fuzz: no crash"
+fuzz_run lora_fuzz "$bin" 2048

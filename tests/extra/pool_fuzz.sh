@@ -3,16 +3,16 @@
 # A small separate build: clang (Debian clang 14 + libclang-rt-14-dev), the parser and Status only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. fuzz/fuzz.sh
 CXX=${POOL_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
 OUT=${POOL_FUZZ_DIR:-build-fuzz-pool}
 SECONDS_TO_RUN=${POOL_FUZZ_SECONDS:-60}
 mkdir -p "$OUT/corpus"
 bin=$OUT/pool_header_fuzz
 srcs=(fuzz/pool_header_fuzz.cc src/pool/safetensors_header.cc src/core/status.cc)
-if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" include/molora/safetensors.h -newer "$bin")" ]; then
+if fuzz_stale "$bin" "${srcs[@]}" include/molora/safetensors.h; then
   echo "pool_fuzz: building $bin with $CXX"
-  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Isrc "${srcs[@]}" -o "$bin"
+  fuzz_compile "$bin" "${srcs[@]}"
 fi
 # Seeds: a valid file, metadata, an empty header, a few near-misses.
 seed() {  # seed NAME JSON DATA_BYTES
@@ -27,7 +27,4 @@ seed meta '{"__metadata__":{"format":"pt"},"t":{"dtype":"U8","shape":[0],"data_o
 seed empty '{}' 0
 seed overlap '{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[4],"data_offsets":[4,12]}}' 12
 seed nested '{"a":{"dtype":"F64","shape":[1,1,1,1],"data_offsets":[0,8]}}' 8
-echo "pool_fuzz: running $SECONDS_TO_RUN s"
-"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
-echo "pool_fuzz: no crash"
+fuzz_run pool_fuzz "$bin" 4096

@@ -4,6 +4,7 @@
 # the reader sources, Status/settings, simdjson and zlib from Debian.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. fuzz/fuzz.sh
 CXX=${PROF_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
 OUT=${PROF_FUZZ_DIR:-build-fuzz-prof}
 SECONDS_TO_RUN=${PROF_FUZZ_SECONDS:-60}
@@ -20,7 +21,7 @@ fi
 case "$(uname -m)" in
   x86_64) extra+=(-DMOLORA_PROF_AVX2=1) ;;
 esac
-if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" src/prof/*.h src/prof/parse_piece_avx2.cc include/molora/prof.h -newer "$bin")" ]; then
+if fuzz_stale "$bin" "${srcs[@]}" src/prof/*.h src/prof/parse_piece_avx2.cc include/molora/prof.h; then
   echo "prof_fuzz: building $bin with $CXX"
   objs=()
   if [[ " ${extra[*]} " == *" -DMOLORA_PROF_AVX2=1 "* ]]; then
@@ -29,8 +30,7 @@ if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" src/prof/*.h src/prof/parse_piec
       -c src/prof/parse_piece_avx2.cc -o "$OUT/parse_piece_avx2.o"
     objs=("$OUT/parse_piece_avx2.o")
   fi
-  "$CXX" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    "${extra[@]}" -Iinclude -Isrc -Isrc/prof "${srcs[@]}" "${objs[@]}" "${libs[@]}" -o "$bin"
+  fuzz_compile "$bin" "${extra[@]}" -Isrc/prof "${srcs[@]}" "${objs[@]}" "${libs[@]}"
 fi
 # Seeds: small Kineto-like traces (pretty, compact, top-level array, truncated, escaped names)
 # and the committed fixtures.
@@ -71,7 +71,4 @@ done
 for f in tests/data/prof_fuzz_*.bin; do
   [ -f "$f" ] && cp "$f" "$OUT/corpus/regression_$(basename "$f")"
 done
-echo "prof_fuzz: running $SECONDS_TO_RUN s"
-"$bin" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" 2>&1 | tail -n 15
-echo "prof_fuzz: no crash"
+fuzz_run prof_fuzz "$bin" 16384
