@@ -568,6 +568,12 @@ struct DeltaDev {
     return moe_delta(d.s.pb, d.e.pb.N, dp, s.in.p, s.w.p, e.w.p, s.ranks.p, e.scales.p, s.routing(),
                      s.out.p, e.out.p, st, shrink_early);
   }
+  // The same as two calls: shrink() into t, then expand() from it (the first error stops it).
+  Status run_two_calls(const DeltaData& d, cudaStream_t st) {
+    Status r = shrink(d.s.pb, nullptr, s.in.p, s.w.p, s.ranks.p, s.routing(), s.out.p, st);
+    if (!r.ok()) return r;
+    return expand(d.e.pb, nullptr, s.out.p, e.w.p, s.ranks.p, e.scales.p, s.routing(), e.out.p, st);
+  }
   void reset(const DeltaData& d) { s.out.set(d.s.out), e.out.set(d.e.out); }
 };
 
@@ -643,11 +649,7 @@ TEST(LoraGpu, DeltaMatchesReferenceAndTheTwoCalls) {
     }
     // The same bits as the two calls, and as the plan passed in.
     g.reset(d);
-    ASSERT_TRUE(
-        shrink(d.s.pb, nullptr, g.s.in.p, g.s.w.p, g.s.ranks.p, g.s.routing(), g.s.out.p, st).ok());
-    ASSERT_TRUE(expand(d.e.pb, nullptr, g.s.out.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
-                       g.s.routing(), g.e.out.p, st)
-                    .ok());
+    ASSERT_TRUE(g.run_two_calls(d, st).ok());
     CK(cudaStreamSynchronize(st));
     EXPECT_EQ(g.s.out.get(), t);
     EXPECT_EQ(g.e.out.get(), y) << "moe_delta differs from shrink() then expand()";
@@ -758,11 +760,7 @@ TEST(LoraGpu, DeltaWaitsForEverythingBeforeIt) {
     g.reset(d);
     g.e.w.set(stale);
     CK(launch_late_writer(g.e.w.p, b_true.p, b_bytes, 200, st));
-    ASSERT_TRUE(
-        shrink(d.s.pb, nullptr, g.s.in.p, g.s.w.p, g.s.ranks.p, g.s.routing(), g.s.out.p, st).ok());
-    ASSERT_TRUE(expand(d.e.pb, nullptr, g.s.out.p, g.e.w.p, g.s.ranks.p, g.e.scales.p,
-                       g.s.routing(), g.e.out.p, st)
-                    .ok());
+    ASSERT_TRUE(g.run_two_calls(d, st).ok());
     CK(cudaStreamSynchronize(st));
     const bool stale_read = g.e.out.get() != y_good;
     std::printf(
@@ -845,12 +843,7 @@ TEST(LoraGpu, DeltaAfterDeltaReadsEarlyOnlyWhenSafe) {
     gg.reset(gate), gu.reset(up);
     gu.s.w.set(stale);
     CK(launch_late_writer(gu.s.w.p, a_true.p, a_bytes, 200, st));
-    ASSERT_TRUE(shrink(gate.s.pb, nullptr, gg.s.in.p, gg.s.w.p, gg.s.ranks.p, gg.s.routing(),
-                       gg.s.out.p, st)
-                    .ok());
-    ASSERT_TRUE(expand(gate.e.pb, nullptr, gg.s.out.p, gg.e.w.p, gg.s.ranks.p, gg.e.scales.p,
-                       gg.s.routing(), gg.e.out.p, st)
-                    .ok());
+    ASSERT_TRUE(gg.run_two_calls(gate, st).ok());
     ASSERT_TRUE(gu.run(up, nullptr, st, 1).ok());
     CK(cudaStreamSynchronize(st));
     std::printf(
