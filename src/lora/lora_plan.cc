@@ -84,14 +84,19 @@ std::string str_field(const nlohmann::json& e, const char* key, const char* def,
 int64_t int_field(const nlohmann::json& e, const char* key, int64_t def, bool* bad) {
   auto it = e.find(key);
   if (it == e.end()) return def;
-  if (!it->is_number_integer() ||
-      (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{1} << 62)) {
+  constexpr int64_t kLim = int64_t{1} << 31;  // an int's range: [-kLim, kLim)
+  bool fits = false;                          // (a float, a string, null: not an integer)
+  if (it->is_number_unsigned()) {
+    fits = it->get<uint64_t>() < uint64_t{kLim};
+  } else if (it->is_number_integer()) {
+    const int64_t v = it->get<int64_t>();
+    fits = v >= -kLim && v < kLim;
+  }
+  if (!fits) {
     *bad = true;
     return def;
   }
-  const int64_t v = it->get<int64_t>();
-  if (v >= (int64_t{1} << 31) || v < -(int64_t{1} << 31)) *bad = true;  // (not an int)
-  return v;
+  return it->get<int64_t>();
 }
 
 // Parsed config files, keyed by path. A file that does not parse, or
@@ -365,12 +370,10 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   std::string cfg = opt.config_path;
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
   if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
-  // What the kernel takes: "" when (tile, unroll) is valid, else why not.
-  auto config_error = [&](int t, int u) { return detail::tile_rule_error(pb, stream, t, u); };
   Tuned tuned;
   if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
-    const std::string why = config_error(tuned.tile, tu);
+    const std::string why = detail::tile_rule_error(pb, stream, tuned.tile, tu);
     if (why.empty()) {
       tile = tuned.tile;
       unroll = tu;
@@ -392,7 +395,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     unroll = opt.force_unroll;
     pl.source = "forced";
   }
-  if (const std::string why = config_error(tile, unroll); !why.empty())
+  if (const std::string why = detail::tile_rule_error(pb, stream, tile, unroll); !why.empty())
     return Status::InvalidArgument(why);
   pl.tile = tile;
   pl.unroll = unroll;
