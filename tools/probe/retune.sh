@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Re-tune this GPU's lora config and compare it with the committed one (device run, carry
-# build-gpu): `molora bench lora --tune` into $OUT/tuned.json, then the quick table with the new
+# build-gpu, or GPU_BUILD=<folder>): `molora bench lora --tune` into $OUT/tuned.json, then the quick table with the new
 # config and with the committed one. Commit $OUT/tuned.json as configs/lora/<gpu>.json only if
 # the new table is no worse.
 cd "$(dirname "$0")/../.."
-export LD_LIBRARY_PATH=$PWD/build-gpu/deplib
-M=build-gpu/src/cli/molora
+B=${GPU_BUILD:-build-gpu}
+export LD_LIBRARY_PATH=$PWD/$B/deplib
+M=$B/src/cli/molora
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name --format=csv,noheader
 SECONDS=0
