@@ -260,6 +260,13 @@ def run_gpu(args, ctx) -> dict:
             molora.lora_expand(t, Bm, y, *pos, ranks=rank[mi], scales=scale[mi], **kw)
         return f
 
+    def mk_delta(xin, A, Bm, t, y, mi, top_k, after_delta=False):
+        def f():
+            pos, kw = routing(al, top_k)
+            molora.lora_moe_delta(xin, A, Bm, y, *pos, ranks=rank[mi], scales=scale[mi], t=t,
+                                  after_delta=after_delta, **kw)
+        return f
+
     def p_act():
         b["h"].copy_(torch.nn.functional.silu(b["gate"].float()) * b["up"].float())
 
@@ -275,18 +282,32 @@ def run_gpu(args, ctx) -> dict:
         ("align (molora, V=S*E)", p_align),
         ("base gate GEMM (ref)", p_base_gate),
         ("base up GEMM (ref)", p_base_up),
-        ("lora shrink gate", mk_shrink(x, A_g, b["t_g"], 0, k)),
-        ("lora expand gate", mk_expand(b["t_g"], B_g, b["gate"], 0, k)),
-        ("lora shrink up", mk_shrink(x, A_u, b["t_u"], 1, k)),
-        ("lora expand up", mk_expand(b["t_u"], B_u, b["up"], 1, k)),
-        ("act silu(gate)*up", p_act),
-        ("base down GEMM (ref)", p_base_down),
-        ("lora shrink down", mk_shrink(b["h"], A_d, b["t_d"], 2, 1)),
-        ("lora expand down", mk_expand(b["t_d"], B_d, b["out_p"], 2, 1)),
-        ("combine (weighted sum)", p_combine),
     ]
+    if args.lora_call == "delta":
+        # up's delta directly follows gate's on the stream (same x and routing): after_delta.
+        # Timed alone (its own graph) it follows nothing of molora's, which is still valid:
+        # after_delta only lets its shrink read early, and nothing it reads is written before it.
+        parts += [
+            ("lora delta gate", mk_delta(x, A_g, B_g, b["t_g"], b["gate"], 0, k)),
+            ("lora delta up", mk_delta(x, A_u, B_u, b["t_u"], b["up"], 1, k, after_delta=True)),
+            ("act silu(gate)*up", p_act),
+            ("base down GEMM (ref)", p_base_down),
+            ("lora delta down", mk_delta(b["h"], A_d, B_d, b["t_d"], b["out_p"], 2, 1)),
+        ]
+    else:
+        parts += [
+            ("lora shrink gate", mk_shrink(x, A_g, b["t_g"], 0, k)),
+            ("lora expand gate", mk_expand(b["t_g"], B_g, b["gate"], 0, k)),
+            ("lora shrink up", mk_shrink(x, A_u, b["t_u"], 1, k)),
+            ("lora expand up", mk_expand(b["t_u"], B_u, b["up"], 1, k)),
+            ("act silu(gate)*up", p_act),
+            ("base down GEMM (ref)", p_base_down),
+            ("lora shrink down", mk_shrink(b["h"], A_d, b["t_d"], 2, 1)),
+            ("lora expand down", mk_expand(b["t_d"], B_d, b["out_p"], 2, 1)),
+        ]
+    parts.append(("combine (weighted sum)", p_combine))
     if args.perturb == "skip-down-lora":
-        parts = [p for p in parts if p[0] != "lora expand down"]
+        parts = [p for p in parts if p[0] not in ("lora expand down", "lora delta down")]
 
     def step():
         for _, fn in parts:
@@ -389,6 +410,11 @@ def _triton_baseline(torch, ctx, b, parts, stream, reps, w, ref, kern, al64, out
         "lora expand down": lambda: expand(tb["d"], w["B_d"], b["out_p"], sc[2], srt, eids,
                                            ntpp, E),
     }
+    for proj in ("gate", "up", "down"):  # molora's delta rows: the same two Triton kernels
+        tri[f"lora delta {proj}"] = (lambda s_, e_: lambda: (s_(), e_()))(
+            tri[f"lora shrink {proj}"], tri[f"lora expand {proj}"])
+    names = {nm for nm, _ in parts}
+    tri = {nm: fn for nm, fn in tri.items() if nm in names}
     # the baseline step (eager align outside, everything else in order), checked like molora's
     ordered = [(nm, tri.get(nm, fn)) for nm, fn in parts if nm != "align (molora, V=S*E)"]
     for nm, fn in ordered:

@@ -7,9 +7,10 @@ What one step does (docs/integration.md explains each call):
    (``v = slot*E + expert``; tokens with slot -1 go to no bucket);
 3. base expert GEMMs gate/up (a plain reference: numpy grouped by expert on the CPU, torch
    ``bmm`` over all E experts on the GPU — the base MoE GEMM is not molora's product);
-4. :func:`molora.lora_shrink` / :func:`molora.lora_expand` for gate and up (in place on the
-   base outputs), ``silu(gate) * up``, base down GEMM, shrink/expand for down (``top_k = 1``
-   over the pair rows);
+4. :func:`molora.lora_moe_delta` for gate and up (in place on the base outputs; up's call with
+   ``after_delta``), ``silu(gate) * up``, base down GEMM, the delta for down (``top_k = 1``
+   over the pair rows); ``--lora-call pair`` runs :func:`molora.lora_shrink` then
+   :func:`molora.lora_expand` apart instead (the same bits, one row each in the table);
 5. weighted sum over the k experts of each token; all-reduce (world 1: a pass-through).
 
 Adapters are real PEFT directories (``adapter_config.json`` + ``adapter_model.safetensors``)
@@ -74,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--routing", default="aligned", choices=("aligned", "plain"),
                    help="LoRA routing input: the align layout (default) or topk/slot ids")
     p.add_argument("--block-size", type=int, default=16, help="align block size (default 16)")
+    p.add_argument("--lora-call", default="delta", choices=("delta", "pair"),
+                   help="LoRA per projection: one lora_moe_delta call (default) or lora_shrink "
+                   "then lora_expand (the same bits)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: cuda when torch CUDA and a molora GPU build are present")
     p.add_argument("--world", type=int, default=1,
@@ -88,8 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="GPU: skip the torch-align / Triton baseline columns")
     p.add_argument("--perturb", default="none", choices=PERTURB,
-                   help="testing: make the molora path wrong on purpose (skip the down LoRA "
-                   "expand, or disturb one output element) to show the check fails")
+                   help="testing: make the molora path wrong on purpose (skip the down LoRA: "
+                   "its expand, or its whole delta; or disturb one output element) to show the "
+                   "check fails")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the result as JSON")
     p.add_argument("--keep-adapters", metavar="DIR", default=None,
                    help="write the PEFT adapters here (kept) instead of a temporary directory")
@@ -251,6 +256,11 @@ def lora_plans(args, T, H, I, E, k, S, r_max, topk_ids, slots, ranks_list, dtype
                                                stats=st_d, **d)
     out["lora expand down"] = molora.lora_plan("expand", num_tokens=P, top_k=1, N=H,
                                                stats=st_d, **d)
+    for proj in ("gate", "up", "down"):  # lora_moe_delta: the pair's bytes and floors together
+        sh, ex = out[f"lora shrink {proj}"], out[f"lora expand {proj}"]
+        out[f"lora delta {proj}"] = dict(bytes=sh["bytes"] + ex["bytes"],
+                                         floor_us=sh["floor_us"] + ex["floor_us"],
+                                         shrink=sh, expand=ex)
     return out
 
 
@@ -318,6 +328,10 @@ def run_cpu(args, ctx) -> dict:
         up = timed("base up GEMM (ref)", lambda: base_grouped(model["Wu"], x, tok_of_pair,
                                                               experts))
         for proj, A, Bm, y, m in (("gate", A_g, B_g, gate, 0), ("up", A_u, B_u, up, 1)):
+            if args.lora_call == "delta":
+                timed(f"lora delta {proj}", lambda: molora.lora_moe_delta(
+                    x, A, Bm, y, *gu_pos, ranks=rank[m], scales=scale[m], **gu_kw))
+                continue
             t = timed(f"lora shrink {proj}", lambda: molora.lora_shrink(
                 x, A, *gu_pos, ranks=rank[m], **gu_kw))
             timed(f"lora expand {proj}", lambda: molora.lora_expand(
@@ -325,11 +339,16 @@ def run_cpu(args, ctx) -> dict:
         h = timed("act silu(gate)*up", lambda: (silu(gate) * up).astype(np.float32))
         out_p = timed("base down GEMM (ref)", lambda: base_grouped(model["Wd"], h,
                                                                    np.arange(P), experts))
-        td = timed("lora shrink down", lambda: molora.lora_shrink(h, A_d, *d_pos, ranks=rank[2],
-                                                                   **d_kw))
-        if args.perturb != "skip-down-lora":
-            timed("lora expand down", lambda: molora.lora_expand(
-                td, B_d, out_p, *d_pos, ranks=rank[2], scales=scale[2], **d_kw))
+        if args.lora_call == "delta":
+            if args.perturb != "skip-down-lora":
+                timed("lora delta down", lambda: molora.lora_moe_delta(
+                    h, A_d, B_d, out_p, *d_pos, ranks=rank[2], scales=scale[2], **d_kw))
+        else:
+            td = timed("lora shrink down", lambda: molora.lora_shrink(
+                h, A_d, *d_pos, ranks=rank[2], **d_kw))
+            if args.perturb != "skip-down-lora":
+                timed("lora expand down", lambda: molora.lora_expand(
+                    td, B_d, out_p, *d_pos, ranks=rank[2], scales=scale[2], **d_kw))
         y = timed("combine (weighted sum)", lambda: np.einsum(
             "tkh,tk->th", out_p.reshape(T, k, H), st["topk_w"]))
         timed("all-reduce (world 1: pass-through)", lambda: y)
@@ -481,7 +500,8 @@ def format_table(res: dict) -> str:
     lines = [f"molora demo: {a['shape']} H={sh['H']} I={sh['I']} E={sh['E']} top-{sh['k']}, "
              f"T={sh['T']} tokens ({res['no_adapter_tokens']} without adapter), S={sh['S']} "
              f"slots r_max={sh['r_max']}, V={sh['S'] * sh['E']} virtual experts, "
-             f"{a['routing']} routing B={a['block_size']}, world 1",
+             f"{a['routing']} routing B={a['block_size']}, LoRA as "
+             f"{'lora_moe_delta' if a['lora_call'] == 'delta' else 'shrink + expand'}, world 1",
              f"device: {res['device']}" + ("" if res["device"] != "cpu" else
                                            f" (GPU path not taken: {res['gpu_reason']})")]
     base = res.get("baseline")

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from molora import demo
@@ -19,12 +20,35 @@ def test_cpu_step_passes_check():
     assert res["device"] == "cpu"
     assert res["no_adapter_tokens"] == 3  # 25% of 12
     parts = [r["part"] for r in res["rows"]]
-    for p in ("align (molora, V=S*E)", "lora shrink gate", "lora expand down",
+    for p in ("align (molora, V=S*E)", "lora delta gate", "lora delta up", "lora delta down",
               "all-reduce (world 1: pass-through)"):
         assert p in parts
     lora = [r for r in res["rows"] if r["part"].startswith("lora")]
-    assert len(lora) == 6 and all(r["floor_us"] > 0 and r["bytes"] > 0 for r in lora)
-    assert "PASS" in demo.format_table(res)
+    assert len(lora) == 3 and all(r["floor_us"] > 0 and r["bytes"] > 0 for r in lora)
+    table = demo.format_table(res)
+    assert "PASS" in table and "LoRA as lora_moe_delta" in table
+    # a delta row's bytes and floor are its shrink's and expand's together
+    for proj in ("gate", "up", "down"):
+        pl = res["plans"]
+        d, sh, ex = pl[f"lora delta {proj}"], pl[f"lora shrink {proj}"], pl[f"lora expand {proj}"]
+        assert d["bytes"] == sh["bytes"] + ex["bytes"] > 0
+        assert d["floor_us"] == pytest.approx(sh["floor_us"] + ex["floor_us"])
+
+
+@pytest.mark.parametrize("routing", ["aligned", "plain"])
+def test_cpu_pair_calls_give_the_deltas_bits(routing):
+    """--lora-call pair (shrink then expand, six rows) and the default delta (three rows) give
+    the same output bits: lora_moe_delta is the pair in one call."""
+    extra = ["--routing", routing]
+    res_d = demo.run(SMALL + extra)
+    res_p = demo.run(SMALL + extra + ["--lora-call", "pair"])
+    assert res_d["ok"] and res_p["ok"], (res_d["max_err"], res_p["max_err"])
+    lora_p = [r["part"] for r in res_p["rows"] if r["part"].startswith("lora")]
+    assert lora_p == [f"lora {op} {proj}" for proj in ("gate", "up", "down")
+                      for op in ("shrink", "expand")]
+    assert "LoRA as shrink + expand" in demo.format_table(res_p)
+    assert np.array_equal(res_d["y"], res_p["y"])
+    assert np.abs(res_d["y"]).max() > 0
 
 
 @pytest.mark.parametrize("extra", [["--routing", "plain"], ["--no-adapter", "0"],
@@ -34,11 +58,12 @@ def test_cpu_variants_pass(extra):
     assert res["ok"], (extra, res["max_err"])
 
 
+@pytest.mark.parametrize("call", ["delta", "pair"])
 @pytest.mark.parametrize("how", ["skip-down-lora", "output"])
-def test_wrong_result_is_caught(how, capsys):
-    res = demo.run(SMALL + ["--perturb", how])
+def test_wrong_result_is_caught(how, call, capsys):
+    res = demo.run(SMALL + ["--perturb", how, "--lora-call", call])
     assert not res["ok"] and res["max_err"] > res["tol"]
-    assert demo.main(SMALL + ["--perturb", how]) == 1
+    assert demo.main(SMALL + ["--perturb", how, "--lora-call", call]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -80,7 +105,9 @@ def test_gpu_step_graph_replay_passes_check(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [["--routing", "plain"], ["-T", "1"], ["--rank", "8"]])
+@pytest.mark.parametrize("extra", [["--routing", "plain"], ["-T", "1"], ["--rank", "8"],
+                                   ["--lora-call", "pair"],
+                                   ["--lora-call", "pair", "--routing", "plain"]])
 def test_gpu_variants_pass(extra):
     res = demo.run(["-T", "16", "--reps", "5"] + extra)
     print(demo.format_table(res))
@@ -88,8 +115,10 @@ def test_gpu_variants_pass(extra):
 
 
 @pytest.mark.gpu
-def test_gpu_wrong_result_is_caught():
-    res = demo.run(["-T", "16", "--reps", "2", "--no-baseline", "--perturb", "skip-down-lora"])
+@pytest.mark.parametrize("call", ["delta", "pair"])
+def test_gpu_wrong_result_is_caught(call):
+    res = demo.run(["-T", "16", "--reps", "2", "--no-baseline", "--perturb", "skip-down-lora",
+                    "--lora-call", call])
     assert not res["ok"]
 
 
