@@ -1,5 +1,20 @@
-# Shared by the libFuzzer scripts in tests/extra (sourced; not a test itself). Each script sets
-# CXX, OUT and SECONDS_TO_RUN from its own <PART>_FUZZ_* variables, then calls these.
+# shellcheck shell=bash
+# Shared by the libFuzzer scripts in tests/extra (sourced; not a test itself). Each script calls
+# fuzz_setup, then the others.
+
+# fuzz_setup PART SECONDS BIN_NAME: sets CXX, OUT, SECONDS_TO_RUN and bin from the part's own
+# <PART>_FUZZ_CXX (default clang++-14, else clang++), <PART>_FUZZ_DIR (default build-fuzz-<part>)
+# and <PART>_FUZZ_SECONDS (default SECONDS), bin=$OUT/BIN_NAME; makes $OUT/corpus.
+fuzz_setup() {
+  local up
+  up=$(printf '%s' "$1" | tr '[:lower:]' '[:upper:]')
+  local v_cxx=${up}_FUZZ_CXX v_dir=${up}_FUZZ_DIR v_sec=${up}_FUZZ_SECONDS
+  CXX=${!v_cxx:-$(command -v clang++-14 || command -v clang++)}
+  OUT=${!v_dir:-build-fuzz-$1}
+  SECONDS_TO_RUN=${!v_sec:-$2}
+  mkdir -p "$OUT/corpus"
+  bin=$OUT/$3
+}
 
 # fuzz_stale BIN FILE...: true when BIN is missing or older than one of the files.
 fuzz_stale() {

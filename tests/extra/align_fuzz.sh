@@ -6,11 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . fuzz/fuzz.sh
-CXX=${ALIGN_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
-OUT=${ALIGN_FUZZ_DIR:-build-fuzz-align}
-SECONDS_TO_RUN=${ALIGN_FUZZ_SECONDS:-30}
-mkdir -p "$OUT/corpus"
-bin=$OUT/align_host_fuzz
+fuzz_setup align 30 align_host_fuzz
 srcs=(fuzz/align_host_fuzz.cc src/align/align_cpu.cc src/core/status.cc src/core/settings.cc
       src/core/cuda_util.cc)
 if fuzz_stale "$bin" "${srcs[@]}" fuzz/fuzz_bytes.h src/align/*.h include/molora/*.h; then

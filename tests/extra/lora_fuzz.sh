@@ -7,11 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . fuzz/fuzz.sh
-CXX=${LORA_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
-OUT=${LORA_FUZZ_DIR:-build-fuzz-lora}
-SECONDS_TO_RUN=${LORA_FUZZ_SECONDS:-60}
-mkdir -p "$OUT/corpus"
-bin=$OUT/lora_host_fuzz
+fuzz_setup lora 60 lora_host_fuzz
 srcs=(fuzz/lora_host_fuzz.cc src/lora/lora_cpu.cc src/lora/lora_plan.cc src/core/status.cc
       src/core/settings.cc)
 if fuzz_stale "$bin" "${srcs[@]}" fuzz/fuzz_bytes.h src/lora/*.h include/molora/*.h; then

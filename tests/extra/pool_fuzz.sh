@@ -4,11 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . fuzz/fuzz.sh
-CXX=${POOL_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
-OUT=${POOL_FUZZ_DIR:-build-fuzz-pool}
-SECONDS_TO_RUN=${POOL_FUZZ_SECONDS:-60}
-mkdir -p "$OUT/corpus"
-bin=$OUT/pool_header_fuzz
+fuzz_setup pool 60 pool_header_fuzz
 srcs=(fuzz/pool_header_fuzz.cc src/pool/safetensors_header.cc src/core/status.cc)
 if fuzz_stale "$bin" "${srcs[@]}" include/molora/safetensors.h; then
   echo "pool_fuzz: building $bin with $CXX"

@@ -5,11 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . fuzz/fuzz.sh
-CXX=${PROF_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++)}
-OUT=${PROF_FUZZ_DIR:-build-fuzz-prof}
-SECONDS_TO_RUN=${PROF_FUZZ_SECONDS:-60}
-mkdir -p "$OUT/corpus"
-bin=$OUT/prof_reader_fuzz
+fuzz_setup prof 60 prof_reader_fuzz
 srcs=(fuzz/prof_reader_fuzz.cc src/prof/input.cc src/prof/names.cc src/prof/parse_piece.cc
       src/prof/reader.cc src/core/status.cc src/core/settings.cc)
 extra=()
