@@ -283,28 +283,21 @@ def run_gpu(args, ctx) -> dict:
         ("base gate GEMM (ref)", p_base_gate),
         ("base up GEMM (ref)", p_base_up),
     ]
-    if args.lora_call == "delta":
-        # up's delta directly follows gate's on the stream (same x and routing): after_delta.
-        # Timed alone (its own graph) it follows nothing of molora's, which is still valid:
-        # after_delta only lets its shrink read early, and nothing it reads is written before it.
-        parts += [
-            ("lora delta gate", mk_delta(x, A_g, B_g, b["t_g"], b["gate"], 0, k)),
-            ("lora delta up", mk_delta(x, A_u, B_u, b["t_u"], b["up"], 1, k, after_delta=True)),
-            ("act silu(gate)*up", p_act),
-            ("base down GEMM (ref)", p_base_down),
-            ("lora delta down", mk_delta(b["h"], A_d, B_d, b["t_d"], b["out_p"], 2, 1)),
-        ]
-    else:
-        parts += [
-            ("lora shrink gate", mk_shrink(x, A_g, b["t_g"], 0, k)),
-            ("lora expand gate", mk_expand(b["t_g"], B_g, b["gate"], 0, k)),
-            ("lora shrink up", mk_shrink(x, A_u, b["t_u"], 1, k)),
-            ("lora expand up", mk_expand(b["t_u"], B_u, b["up"], 1, k)),
-            ("act silu(gate)*up", p_act),
-            ("base down GEMM (ref)", p_base_down),
-            ("lora shrink down", mk_shrink(b["h"], A_d, b["t_d"], 2, 1)),
-            ("lora expand down", mk_expand(b["t_d"], B_d, b["out_p"], 2, 1)),
-        ]
+
+    def lora(proj, xin, A, Bm, t, y, mi, top_k, after_delta=False):
+        """One projection's LoRA parts: one delta call, or shrink then expand (--lora-call)."""
+        if args.lora_call == "delta":
+            return [(f"lora delta {proj}", mk_delta(xin, A, Bm, t, y, mi, top_k, after_delta))]
+        return [(f"lora shrink {proj}", mk_shrink(xin, A, t, mi, top_k)),
+                (f"lora expand {proj}", mk_expand(t, Bm, y, mi, top_k))]
+
+    # up's delta directly follows gate's on the stream (same x and routing): after_delta. Timed
+    # alone (its own graph) it follows nothing of molora's, which is still valid: after_delta
+    # only lets its shrink read early, and nothing it reads is written before it.
+    parts += lora("gate", x, A_g, B_g, b["t_g"], b["gate"], 0, k)
+    parts += lora("up", x, A_u, B_u, b["t_u"], b["up"], 1, k, after_delta=True)
+    parts += [("act silu(gate)*up", p_act), ("base down GEMM (ref)", p_base_down)]
+    parts += lora("down", b["h"], A_d, B_d, b["t_d"], b["out_p"], 2, 1)
     parts.append(("combine (weighted sum)", p_combine))
     if args.perturb == "skip-down-lora":
         parts = [p for p in parts if p[0] not in ("lora expand down", "lora delta down")]

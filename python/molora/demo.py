@@ -314,6 +314,20 @@ def run_cpu(args, ctx) -> dict:
             out[idx] = rows_in[row_of_pair[idx]] @ W[e].T
         return out
 
+    def lora(proj, xin, A, Bm, y, m, pos, kw, skip_expand=False):
+        """One projection's LoRA: one delta call, or shrink then expand (--lora-call);
+        skip_expand (--perturb skip-down-lora) leaves out its expand (the whole delta)."""
+        if args.lora_call == "delta":
+            if not skip_expand:
+                timed(f"lora delta {proj}", lambda: molora.lora_moe_delta(
+                    xin, A, Bm, y, *pos, ranks=rank[m], scales=scale[m], **kw))
+            return
+        t = timed(f"lora shrink {proj}", lambda: molora.lora_shrink(
+            xin, A, *pos, ranks=rank[m], **kw))
+        if not skip_expand:
+            timed(f"lora expand {proj}", lambda: molora.lora_expand(
+                t, Bm, y, *pos, ranks=rank[m], scales=scale[m], **kw))
+
     tok_of_pair = np.repeat(np.arange(T), k)
     for _ in range(reps):
         st["topk_ids"], st["topk_w"] = timed("router (softmax top-k)",
@@ -327,28 +341,13 @@ def run_cpu(args, ctx) -> dict:
                                                                   experts))
         up = timed("base up GEMM (ref)", lambda: base_grouped(model["Wu"], x, tok_of_pair,
                                                               experts))
-        for proj, A, Bm, y, m in (("gate", A_g, B_g, gate, 0), ("up", A_u, B_u, up, 1)):
-            if args.lora_call == "delta":
-                timed(f"lora delta {proj}", lambda: molora.lora_moe_delta(
-                    x, A, Bm, y, *gu_pos, ranks=rank[m], scales=scale[m], **gu_kw))
-                continue
-            t = timed(f"lora shrink {proj}", lambda: molora.lora_shrink(
-                x, A, *gu_pos, ranks=rank[m], **gu_kw))
-            timed(f"lora expand {proj}", lambda: molora.lora_expand(
-                t, Bm, y, *gu_pos, ranks=rank[m], scales=scale[m], **gu_kw))
+        lora("gate", x, A_g, B_g, gate, 0, gu_pos, gu_kw)
+        lora("up", x, A_u, B_u, up, 1, gu_pos, gu_kw)
         h = timed("act silu(gate)*up", lambda: (silu(gate) * up).astype(np.float32))
         out_p = timed("base down GEMM (ref)", lambda: base_grouped(model["Wd"], h,
                                                                    np.arange(P), experts))
-        if args.lora_call == "delta":
-            if args.perturb != "skip-down-lora":
-                timed("lora delta down", lambda: molora.lora_moe_delta(
-                    h, A_d, B_d, out_p, *d_pos, ranks=rank[2], scales=scale[2], **d_kw))
-        else:
-            td = timed("lora shrink down", lambda: molora.lora_shrink(
-                h, A_d, *d_pos, ranks=rank[2], **d_kw))
-            if args.perturb != "skip-down-lora":
-                timed("lora expand down", lambda: molora.lora_expand(
-                    td, B_d, out_p, *d_pos, ranks=rank[2], scales=scale[2], **d_kw))
+        lora("down", h, A_d, B_d, out_p, 2, d_pos, d_kw,
+             skip_expand=args.perturb == "skip-down-lora")
         y = timed("combine (weighted sum)", lambda: np.einsum(
             "tkh,tk->th", out_p.reshape(T, k, H), st["topk_w"]))
         timed("all-reduce (world 1: pass-through)", lambda: y)
