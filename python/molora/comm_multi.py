@@ -417,29 +417,41 @@ class _Rank:
         self.drop(c)
 
     # 4. speed
-    def _time_graph(self, fn: Any) -> float:
-        """Median µs per call over --reps replays of a graph of --calls calls of fn."""
+    def _time_graph(self, fn: Any, eager_ok: bool = False) -> Any:
+        """Median µs per call over --reps replays of a graph of --calls calls of fn, and how it
+        was timed ("graph"; "eager" when the capture failed and eager_ok: --calls eager calls
+        between two events instead)."""
         torch = self.torch
         fn()
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(self.args.calls):
-                fn()
+        how, graph = "graph", torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for _ in range(self.args.calls):
+                    fn()
+        except Exception:
+            if not eager_ok:
+                raise
+            how, graph = "eager", None
+            torch.cuda.synchronize()
+        run = graph.replay if graph is not None else (
+            lambda: [fn() for _ in range(self.args.calls)])
         for _ in range(3):
-            graph.replay()
+            run()
         torch.cuda.synchronize()
-        self.dist.barrier()
+        # every rank must have timed it the same way (an NCCL capture that failed on one rank)
+        if len(set(self.gather(how))) != 1:
+            raise RuntimeError("ranks timed the call differently (a capture failed on some)")
         times = []
         for _ in range(self.args.reps):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            graph.replay()
+            run()
             e.record()
             e.synchronize()
             times.append(s.elapsed_time(e) * 1e3 / self.args.calls)
         del graph
-        return statistics.median(times)
+        return statistics.median(times), how
 
     def speed(self) -> None:
         torch = self.torch
@@ -453,7 +465,7 @@ class _Rank:
             for algo in ALGOS:
                 c.set_algo(algo)
                 before = c.stats()["p2p_calls"]
-                us = self._time_graph(lambda: c.all_reduce(x, out=out))
+                us, _ = self._time_graph(lambda: c.all_reduce(x, out=out))
                 row[f"{algo}_us"] = max(self.gather(us))
                 row[f"{algo}_p2p"] = c.stats()["p2p_calls"] > before
             c.check()
@@ -461,8 +473,10 @@ class _Rank:
             row["molora_gbps"] = bus_gbps(nbytes, self.world, row["molora_us"])
             if self.use_nccl:
                 y = x.clone()
-                us = self._time_graph(lambda: self.dist.all_reduce(y, group=self.nccl))
+                us, how = self._time_graph(lambda: self.dist.all_reduce(y, group=self.nccl),
+                                           eager_ok=True)
                 row["nccl_us"] = max(self.gather(us))
+                row["nccl_timed"] = how
                 row["nccl_gbps"] = bus_gbps(nbytes, self.world, row["nccl_us"])
             else:
                 row["nccl_us"] = row["nccl_gbps"] = None
@@ -576,6 +590,8 @@ def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]
             def cell(a: str) -> str:
                 return f"{r[a + '_us']:8.2f}{'' if r[a + '_p2p'] else '*'}"
             nccl = f"{r['nccl_us']:9.2f}" if r["nccl_us"] else f"{'n/a':>9}"
+            if r["nccl_us"] and r.get("nccl_timed", "graph") != "graph":
+                nccl = f"{r['nccl_us']:8.2f}e"
             ratio = f"{r['nccl_us'] / r['molora_us']:6.2f}x" if r["nccl_us"] else f"{'':>7}"
             ng = f"{r['nccl_gbps']:9.0f}" if r["nccl_gbps"] else f"{'':>9}"
             lines.append(f"{w:>5} {fmt_bytes(r['bytes']):>8} {cell('oneshot'):>9} "
@@ -583,7 +599,8 @@ def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]
                          f"{r['molora_gbps']:8.0f} {ng}")
         targets += judge_targets(w, rows)
     lines.append("µs per call, median of graph replays, the slowest rank; * = not the P2P path "
-                 "(fallback); x nccl = NCCL's time over molora's best")
+                 "(fallback); e = NCCL timed eagerly (its graph capture failed); x nccl = "
+                 "NCCL's time over molora's best")
     if share_gpu:
         lines.append("ranks share one GPU: these are not NVLink times, and NCCL (one GPU per "
                      "rank) did not run")
