@@ -563,8 +563,8 @@ def print_world(res: Dict[str, Any], share_gpu: bool) -> List[str]:
             fails.append(f"world {w} rank {rank}: {f}")
     if "correctness" in r0:
         cr = r0["correctness"]
-        print(f"correctness: {cr['cases']} cases (16 B..16 MiB x bf16/fp16 x auto/oneshot/twoshot), "
-              f"{cr['failed']} failed on rank 0; paths {cr['paths']}; fallbacks "
+        print(f"correctness: {cr['cases']} cases (16 B..16 MiB x bf16/fp16 x "
+              f"auto/oneshot/twoshot), {cr['failed']} failed on rank 0; paths {cr['paths']}; fallbacks "
               f"{ {k: v for k, v in cr['stats']['fallback'].items() if v} }")
     if "graph" in r0:
         for k, v in r0["graph"].items():
