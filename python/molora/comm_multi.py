@@ -31,6 +31,7 @@ like are set before torch loads). Exit status 0 only when every check passed.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -104,7 +105,9 @@ def fmt_bytes(n: int) -> str:
 
 def judge_targets(world: int, rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The issue's targets for one world from the speed rows ({bytes, molora_us, molora_gbps,
-    nccl_us, nccl_gbps}; nccl_us None when NCCL did not run). Lines 'TARGET ... MET/MISSED'."""
+    nccl_us, nccl_gbps, symm_us}; None where that baseline did not run): world 8 at <= 256 KiB
+    2x lower latency than ncclAllReduce and no slower than NCCL's symmetric kernels; >= 4 MiB
+    bus bandwidth >= NCCL's. Lines 'TARGET ... MET/MISSED'."""
     lines = []
     small = [r for r in rows if r["bytes"] <= 256 * 1024 and r.get("nccl_us")]
     large = [r for r in rows if r["bytes"] >= 4 << 20 and r.get("nccl_us")]
@@ -114,6 +117,13 @@ def judge_targets(world: int, rows: Sequence[Dict[str, Any]]) -> List[str]:
         lines.append(f"TARGET world 8 <= 256 KiB: >= 2x lower latency than NCCL: worst "
                      f"{ratio:.2f}x at {fmt_bytes(worst['bytes'])} "
                      f"{'MET' if ratio >= 2 else 'MISSED'}")
+        sym = [r for r in small if r.get("symm_us")]
+        if sym:
+            worst = max(sym, key=lambda r: r["molora_us"] / r["symm_us"])
+            ok = worst["molora_us"] <= worst["symm_us"]
+            lines.append(f"TARGET world 8 <= 256 KiB: no slower than NCCL's symmetric kernels: "
+                         f"worst {worst['molora_us']:.2f} vs {worst['symm_us']:.2f} us at "
+                         f"{fmt_bytes(worst['bytes'])} {'MET' if ok else 'MISSED'}")
     if large:
         worst = min(large, key=lambda r: r["molora_gbps"] / r["nccl_gbps"])
         ok = worst["molora_gbps"] >= worst["nccl_gbps"]
@@ -456,6 +466,25 @@ class _Rank:
     def speed(self) -> None:
         torch = self.torch
         c = self.make_comm(timeout_ms=max(self.args.timeout_ms, 10000))
+        notes: Dict[str, str] = {}
+        nd = symm = None
+        if self.use_nccl:
+            try:
+                nd = _NcclDirect(self.rank, self.world, lambda o: self.gather(o)[0])
+                notes["nccl_version"] = str(nd.version)
+            except Exception as e:
+                notes["nccl"] = f"direct NCCL not run: {e}"
+            if nd is not None:
+                try:
+                    symm, err = nd.symmetric(max(SPEED_SIZES)), None
+                except Exception as e:
+                    symm, err = None, f"{type(e).__name__}: {e}"
+                if not all(self.gather(symm is not None)):  # every rank or none
+                    symm = None
+                    notes["nccl_symm"] = f"symmetric windows not run: {err or 'failed on a peer'}"
+        else:
+            notes["nccl"] = "not run: ranks share one GPU (NCCL needs one GPU per rank)"
+        stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
         rows = []
         for nbytes in SPEED_SIZES:
             n = nbytes // 2
@@ -471,19 +500,115 @@ class _Rank:
             c.check()
             row["molora_us"] = min(row[f"{a}_us"] for a in ALGOS)
             row["molora_gbps"] = bus_gbps(nbytes, self.world, row["molora_us"])
-            if self.use_nccl:
+            row["nccl_us"] = row["nccl_gbps"] = row["symm_us"] = row["torch_us"] = None
+            if nd is not None:  # ncclAllReduce itself, out of place, on torch's buffers
+                y = torch.empty_like(x)
+                us, how = self._time_graph(
+                    lambda: nd.all_reduce(x.data_ptr(), y.data_ptr(), n, stream()), eager_ok=True)
+                row["nccl_us"], row["nccl_timed"] = max(self.gather(us)), how
+            if symm is not None:  # the same on buffers registered as symmetric windows
+                us, how = self._time_graph(
+                    lambda: nd.all_reduce(symm[0], symm[1], n, stream()), eager_ok=True)
+                row["symm_us"], row["symm_timed"] = max(self.gather(us)), how
+            if self.use_nccl:  # torch.distributed.all_reduce (NCCL backend), in place
                 y = x.clone()
                 us, how = self._time_graph(lambda: self.dist.all_reduce(y, group=self.nccl),
                                            eager_ok=True)
-                row["nccl_us"] = max(self.gather(us))
-                row["nccl_timed"] = how
+                row["torch_us"], row["torch_timed"] = max(self.gather(us)), how
+                if row["nccl_us"] is None:  # the baseline: NCCL direct, else through torch
+                    row["nccl_us"], row["nccl_timed"] = row["torch_us"], how
+            if row["nccl_us"]:
                 row["nccl_gbps"] = bus_gbps(nbytes, self.world, row["nccl_us"])
-            else:
-                row["nccl_us"] = row["nccl_gbps"] = None
             rows.append(row)
+        if nd is not None:
+            nd.close()
         self.report["speed"] = rows
+        self.report["speed_notes"] = notes
         self.report["speed_stats"] = c.stats()
         self.drop(c)
+
+
+class _UniqueId(ctypes.Structure):  # ncclUniqueId
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+class _NcclDirect:
+    """ncclAllReduce (bf16, sum) called through ctypes on a communicator of its own: on any
+    buffers, and on buffers from ncclMemAlloc registered as symmetric windows
+    (ncclCommWindowRegister, NCCL >= 2.27), where NCCL runs its symmetric kernels."""
+
+    BF16, SUM, WIN_SYMMETRIC = 9, 0, 1
+
+    def __init__(self, rank: int, world: int, bcast: Any):
+        import ctypes as ct
+        self.ct = ct
+        self.lib = _load_nccl()
+        lib = self.lib
+        lib.ncclGetErrorString.restype = ct.c_char_p
+        lib.ncclCommInitRank.argtypes = [ct.POINTER(ct.c_void_p), ct.c_int, _UniqueId, ct.c_int]
+        lib.ncclAllReduce.argtypes = [ct.c_void_p, ct.c_void_p, ct.c_size_t, ct.c_int, ct.c_int,
+                                      ct.c_void_p, ct.c_void_p]
+        lib.ncclMemAlloc.argtypes = [ct.POINTER(ct.c_void_p), ct.c_size_t]
+        lib.ncclMemFree.argtypes = [ct.c_void_p]
+        lib.ncclCommDestroy.argtypes = [ct.c_void_p]
+        v = ct.c_int()
+        self._ok(lib.ncclGetVersion(ct.byref(v)), "ncclGetVersion")
+        self.version = v.value
+        uid = _UniqueId()
+        if rank == 0:
+            self._ok(lib.ncclGetUniqueId(ct.byref(uid)), "ncclGetUniqueId")
+        raw = bcast(bytes(ct.string_at(ct.addressof(uid), 128)) if rank == 0 else None)
+        uid = _UniqueId.from_buffer_copy(raw)
+        self.comm = ct.c_void_p()
+        self._ok(lib.ncclCommInitRank(ct.byref(self.comm), world, uid, rank), "ncclCommInitRank")
+        self.bufs: List[Any] = []
+        self.wins: List[Any] = []
+
+    def _ok(self, r: int, what: str) -> None:
+        if r != 0:
+            msg = self.lib.ncclGetErrorString(r)
+            raise RuntimeError(f"{what}: ncclResult {r} ({msg.decode() if msg else '?'})")
+
+    def symmetric(self, nbytes: int) -> List[int]:
+        """Two buffers of nbytes (send, receive), registered as symmetric windows: collective."""
+        ct = self.ct
+        if self.version < 22700 or not hasattr(self.lib, "ncclCommWindowRegister"):
+            raise RuntimeError(f"NCCL {self.version} has no symmetric windows (2.27+)")
+        self.lib.ncclCommWindowRegister.argtypes = [ct.c_void_p, ct.c_void_p, ct.c_size_t,
+                                                    ct.POINTER(ct.c_void_p), ct.c_int]
+        self.lib.ncclCommWindowDeregister.argtypes = [ct.c_void_p, ct.c_void_p]
+        ptrs = []
+        for _ in range(2):
+            p, w = ct.c_void_p(), ct.c_void_p()
+            self._ok(self.lib.ncclMemAlloc(ct.byref(p), nbytes), "ncclMemAlloc")
+            self.bufs.append(p)
+            self._ok(self.lib.ncclCommWindowRegister(self.comm, p, nbytes, ct.byref(w),
+                                                     self.WIN_SYMMETRIC),
+                     "ncclCommWindowRegister")
+            self.wins.append(w)
+            ptrs.append(p.value)
+        return ptrs
+
+    def all_reduce(self, send: int, recv: int, count: int, stream: int) -> None:
+        self._ok(self.lib.ncclAllReduce(send, recv, count, self.BF16, self.SUM, self.comm,
+                                        stream), "ncclAllReduce")
+
+    def close(self) -> None:
+        for w in self.wins:
+            self.lib.ncclCommWindowDeregister(self.comm, w)
+        for p in self.bufs:
+            self.lib.ncclMemFree(p)
+        self.lib.ncclCommDestroy(self.comm)
+
+
+def _load_nccl() -> Any:
+    """libnccl.so.2: the one already in the process (torch's), else the nvidia-nccl wheel's."""
+    import ctypes as ct
+    try:
+        return ct.CDLL("libnccl.so.2")
+    except OSError:
+        import nvidia.nccl  # the wheel torch depends on
+        return ct.CDLL(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))
 
 
 def _rank_main(rank: int, world: int, args: Any, init: str, q: Any) -> None:
@@ -563,9 +688,10 @@ def print_world(res: Dict[str, Any], share_gpu: bool) -> List[str]:
             fails.append(f"world {w} rank {rank}: {f}")
     if "correctness" in r0:
         cr = r0["correctness"]
+        fb = {k: v for k, v in cr["stats"]["fallback"].items() if v}
         print(f"correctness: {cr['cases']} cases (16 B..16 MiB x bf16/fp16 x "
-              f"auto/oneshot/twoshot), {cr['failed']} failed on rank 0; paths {cr['paths']}; fallbacks "
-              f"{ {k: v for k, v in cr['stats']['fallback'].items() if v} }")
+              f"auto/oneshot/twoshot), {cr['failed']} failed on rank 0; paths {cr['paths']}; "
+              f"fallbacks {fb}")
     if "graph" in r0:
         for k, v in r0["graph"].items():
             print(f"graph replay {k}: {v}")
@@ -576,35 +702,38 @@ def print_world(res: Dict[str, Any], share_gpu: bool) -> List[str]:
 
 
 def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]:
-    lines = []
-    hdr = (f"{'world':>5} {'bytes':>8} {'oneshot':>9} {'twoshot':>9} {'auto':>9} "
-           f"{'nccl':>9} {'x nccl':>7} {'busGB/s':>8} {'nccl GB/s':>9}")
-    lines.append(hdr)
-    targets = []
+    lines = [f"{'world':>5} {'bytes':>8} {'oneshot':>9} {'twoshot':>9} {'auto':>9} {'nccl':>9} "
+             f"{'nccl-sym':>9} {'torch':>9} {'x nccl':>7} {'busGB/s':>8} {'nccl GB/s':>9}"]
+    targets, notes = [], []
     for res in results:
         if res["error"] or "speed" not in res["reports"].get(0, {}):
             continue
         w = res["world"]
         rows = res["reports"][0]["speed"]
+        for k, v in res["reports"][0].get("speed_notes", {}).items():
+            notes.append(f"world {w} {k}: {v}")
         for r in rows:
             def cell(a: str) -> str:
                 return f"{r[a + '_us']:8.2f}{'' if r[a + '_p2p'] else '*'}"
-            nccl = f"{r['nccl_us']:9.2f}" if r["nccl_us"] else f"{'n/a':>9}"
-            if r["nccl_us"] and r.get("nccl_timed", "graph") != "graph":
-                nccl = f"{r['nccl_us']:8.2f}e"
-            ratio = f"{r['nccl_us'] / r['molora_us']:6.2f}x" if r["nccl_us"] else f"{'':>7}"
-            ng = f"{r['nccl_gbps']:9.0f}" if r["nccl_gbps"] else f"{'':>9}"
+
+            def base(k: str) -> str:
+                if not r.get(k + "_us"):
+                    return f"{'n/a':>9}"
+                return f"{r[k + '_us']:8.2f}{'e' if r.get(k + '_timed') == 'eager' else ' '}"
+            ratio = f"{r['nccl_us'] / r['molora_us']:6.2f}x" if r.get("nccl_us") else f"{'':>7}"
+            ng = f"{r['nccl_gbps']:9.0f}" if r.get("nccl_gbps") else f"{'':>9}"
             lines.append(f"{w:>5} {fmt_bytes(r['bytes']):>8} {cell('oneshot'):>9} "
-                         f"{cell('twoshot'):>9} {cell('auto'):>9} {nccl} {ratio} "
-                         f"{r['molora_gbps']:8.0f} {ng}")
+                         f"{cell('twoshot'):>9} {cell('auto'):>9} {base('nccl')} "
+                         f"{base('symm')} {base('torch')} {ratio} {r['molora_gbps']:8.0f} {ng}")
         targets += judge_targets(w, rows)
-    lines.append("µs per call, median of graph replays, the slowest rank; * = not the P2P path "
-                 "(fallback); e = NCCL timed eagerly (its graph capture failed); x nccl = "
-                 "NCCL's time over molora's best")
+    lines.append("us per call, median of graph replays, the slowest rank; * = not molora's P2P "
+                 "path (a fallback); nccl = ncclAllReduce, nccl-sym = the same on symmetric "
+                 "windows, torch = torch.distributed.all_reduce; e = timed eagerly (its graph "
+                 "capture failed); x nccl = nccl's time over molora's best")
     if share_gpu:
         lines.append("ranks share one GPU: these are not NVLink times, and NCCL (one GPU per "
                      "rank) did not run")
-    return lines + targets
+    return lines + notes + targets
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -45,9 +45,9 @@ def test_sizes_and_names():
     assert cm.fmt_bytes(16 << 20) == "16 MiB" and cm.fmt_bytes(1536) == "1536 B"
 
 
-def _row(nbytes, world, molora_us, nccl_us):
-    r = {"bytes": nbytes, "molora_us": molora_us, "nccl_us": nccl_us,
-         "molora_gbps": cm.bus_gbps(nbytes, world, molora_us),
+def _row(nbytes, world, molora_us, nccl_us, symm_us=None):
+    r = {"bytes": nbytes, "molora_us": molora_us, "nccl_us": nccl_us, "symm_us": symm_us,
+         "torch_us": nccl_us, "molora_gbps": cm.bus_gbps(nbytes, world, molora_us),
          "nccl_gbps": cm.bus_gbps(nbytes, world, nccl_us) if nccl_us else None}
     for a in cm.ALGOS:
         r[a + "_us"], r[a + "_p2p"] = molora_us, True
@@ -68,15 +68,29 @@ def test_targets_met_and_missed():
     assert cm.judge_targets(8, [_row(1024, 8, 5.0, None)]) == []
 
 
+def test_symmetric_kernel_target():
+    rows = [_row(1024, 8, 5.0, 12.0, symm_us=6.0), _row(64 << 10, 8, 7.0, 15.0, symm_us=6.5)]
+    lines = cm.judge_targets(8, rows)
+    sym = [line for line in lines if "symmetric" in line]
+    assert len(sym) == 1 and sym[0].endswith("MISSED") and "7.00 vs 6.50 us at 64 KiB" in sym[0]
+    rows[1]["symm_us"] = 7.0  # as fast counts
+    assert [line for line in cm.judge_targets(8, rows) if "symmetric" in line][0].endswith("MET")
+
+
 def test_speed_table_marks_fallbacks_and_shared_gpu():
-    rows = [_row(1024, 2, 5.0, 10.0), _row(4 << 20, 2, 50.0, None)]
+    rows = [_row(1024, 2, 5.0, 10.0, symm_us=4.0), _row(4 << 20, 2, 50.0, None)]
     rows[1]["twoshot_p2p"] = False
-    res = [{"world": 2, "error": None, "reports": {0: {"speed": rows}}},
+    rows[0]["torch_timed"] = "eager"
+    notes = {"nccl_symm": "symmetric windows not run: x"}
+    res = [{"world": 2, "error": None,
+            "reports": {0: {"speed": rows, "speed_notes": notes}}},
            {"world": 4, "error": "rank 1: boom", "reports": {}}]
     lines = cm.speed_table(res, share_gpu=True)
     body = [line for line in lines if line.lstrip().startswith("2 ")]
     assert len(body) == 2
     assert "2.00x" in body[0] and "n/a" in body[1] and "50.00*" in body[1]
+    assert "4.00 " in body[0] and "10.00e" in body[0]  # nccl-sym; torch timed eagerly
+    assert "world 2 nccl_symm: symmetric windows not run: x" in lines
     assert any("not NVLink times" in line for line in lines)
     assert not any(line.lstrip().startswith("4 ") for line in lines)  # the failed world
 
@@ -92,3 +106,26 @@ def test_bad_arguments_exit_2_before_any_gpu_work(capsys):
 def test_multicast_stays_off():
     assert cm._NO_MULTICAST == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                 "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def test_direct_nccl_id_and_errors():
+    """The ctypes layer over libnccl: the unique id survives the byte round trip the ranks'
+    broadcast makes, and a failing NCCL call raises naming the call (here, without a GPU,
+    ncclCommInitRank; with one, a one-rank communicator is made and closed)."""
+    import ctypes as ct
+    try:
+        lib = cm._load_nccl()
+    except (OSError, ImportError) as e:
+        pytest.skip(f"no libnccl.so.2 here: {e}")
+    uid = cm._UniqueId()
+    assert lib.ncclGetUniqueId(ct.byref(uid)) == 0
+    raw = ct.string_at(ct.addressof(uid), 128)
+    back = cm._UniqueId.from_buffer_copy(raw)
+    assert ct.string_at(ct.addressof(back), 128) == raw and raw != bytes(128)
+    try:
+        nd = cm._NcclDirect(0, 1, lambda obj: obj)
+    except RuntimeError as e:
+        assert str(e).startswith("ncclCommInitRank: ncclResult ")
+    else:  # a GPU machine
+        assert nd.version >= 20000
+        nd.close()
