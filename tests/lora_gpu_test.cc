@@ -310,10 +310,35 @@ TEST(LoraGpu, PrefillUngroupedPath) {
     Case c;  // P = 2560 > group cap: one group per pair
     c.op = op, c.T = 320, c.k = 8, c.S = 2, c.E = 16, c.r_max = 16, c.dim = 64;
     check_case(c, rng);
-    c.S = 80, c.T = 8;  // V = 1280 * ... > 4096 no: V = 80*16 = 1280; still grouped
-    c.E = 64;           // V = 5120 > 4096: ungrouped at decode size too
+    c.S = 80, c.T = 8, c.E = 64;  // V = 80 * 64 = 5120 > 4096: ungrouped at decode size too
     check_case(c, rng);
   }
+}
+
+// The largest call the issue names, T * k = 65,536 pairs (prefill), on every kernel and both
+// routings, bf16 and fp16, against the reference; one pair more is refused on the device path
+// too (OutOfRange, naming num_tokens, nothing written).
+TEST(LoraGpu, LargestPairCount) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        Case c;
+        c.op = op, c.routing = rk, c.dt = dt, c.T = 8192, c.k = 8, c.S = 4, c.E = 16;
+        c.r_max = 16, c.dim = 64, c.block = 16;
+        ASSERT_NO_FATAL_FAILURE(check_case(c, rng));
+        if (op != Op::kShrink || dt != DType::kBF16) continue;
+        SCOPED_TRACE(c.name() + " + 1 pair");
+        Data d = make_data(c, rng);
+        DevData g(d);
+        d.pb.num_tokens = 65537, d.pb.top_k = 1;  // the buffers stay those of 65,536 pairs
+        const Status st = run_gpu(d, g, nullptr, nullptr);
+        EXPECT_EQ(st.code(), molora::StatusCode::kOutOfRange) << st.to_string();
+        EXPECT_NE(st.message().find("num_tokens"), std::string::npos) << st.message();
+        CK(cudaDeviceSynchronize());
+        EXPECT_EQ(g.out.get(), d.out) << "a refused call wrote its output";
+      }
 }
 
 // Plain routing on the grid kernel with many items per CTA: every slot -1, half the tokens
