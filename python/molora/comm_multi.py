@@ -637,39 +637,57 @@ def _rank_main(rank: int, world: int, args: Any, init: str, q: Any) -> None:
                       "traceback": traceback.format_exc()}, None))
 
 
-def run_world(world: int, args: Any) -> Dict[str, Any]:
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
+def run_world(world: int, args: Any, target: Any = None) -> Dict[str, Any]:
+    """Starts `world` processes running target(rank, world, args, init, queue) (default: one
+    rank of this run), collects each rank's (rank, report, _) from the queue and returns
+    {world, reports, error}. The error is set, and every process killed, when a rank reports an
+    error, a process ends without reporting, or the world takes over args.world_timeout s."""
+    import multiprocessing as mp
+    import queue as queue_mod
+    ctx = mp.get_context("spawn")  # (CUDA cannot be forked)
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/rendezvous"
-        procs = [ctx.Process(target=_rank_main, args=(r, world, args, init, q))
+        procs = [ctx.Process(target=target or _rank_main, args=(r, world, args, init, q))
                  for r in range(world)]
         for p in procs:
             p.start()
         reports: Dict[int, Any] = {}
         error = None
         deadline = time.time() + args.world_timeout
-        while len(reports) < world and time.time() < deadline:
+        while len(reports) < world and error is None:
+            left = deadline - time.time()
+            if left <= 0:
+                missing = sorted(set(range(world)) - set(reports))
+                error = f"ranks {missing} did not finish within {args.world_timeout} s"
+                break
             try:
-                rank, rep, _ = q.get(timeout=5)
-            except Exception:
-                if any(p.exitcode not in (None, 0) for p in procs) and error is None:
-                    error = "a rank's process died: exit codes " + \
-                        str([p.exitcode for p in procs])
-                    break
+                rank, rep, _ = q.get(timeout=min(1.0, left))
+            except queue_mod.Empty:
+                # a process that ended without its report (a crash, os._exit, a signal)
+                gone = [r for r, p in enumerate(procs)
+                        if p.exitcode is not None and r not in reports]
+                if gone:
+                    time.sleep(0.5)  # (its report may still be in the queue's pipe)
+                    try:
+                        while True:
+                            rank, rep, _ = q.get_nowait()
+                            reports[rank] = rep
+                    except queue_mod.Empty:
+                        pass
+                    gone = [r for r in gone if r not in reports]
+                    if gone:
+                        error = (f"rank {gone[0]}'s process ended without a report (exit code "
+                                 f"{procs[gone[0]].exitcode})")
                 continue
             reports[rank] = rep
             if "error" in rep:
                 error = f"rank {rank}: {rep['error']}\n{rep.get('traceback', '')}"
-                break
-        if len(reports) < world and error is None:
-            error = f"ranks {sorted(set(range(world)) - set(reports))} did not finish within " \
-                    f"{args.world_timeout} s"
         for p in procs:
             p.join(timeout=30 if error is None else 1)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
     return {"world": world, "reports": reports, "error": error}
 
 

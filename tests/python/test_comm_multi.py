@@ -129,3 +129,63 @@ def test_direct_nccl_id_and_errors():
     else:  # a GPU machine
         assert nd.version >= 20000
         nd.close()
+
+
+# ---- the launcher, with stand-in ranks (no GPU, no torch) -------------------------------------
+
+def _rank_ok(rank, world, args, init, q):
+    assert init.startswith("file://")
+    q.put((rank, {"world": world, "rank": rank, "seed": 7, "failures": []}, []))
+
+
+def _rank_error(rank, world, args, init, q):
+    if rank == 1:
+        q.put((rank, {"error": "ValueError: boom", "traceback": "tb"}, None))
+        return
+    _rank_ok(rank, world, args, init, q)
+
+
+def _rank_dies(rank, world, args, init, q):
+    if rank == 2:
+        import os
+        os._exit(3)
+    _rank_ok(rank, world, args, init, q)
+
+
+def _rank_hangs(rank, world, args, init, q):
+    if rank == 0:
+        import time
+        time.sleep(600)
+    _rank_ok(rank, world, args, init, q)
+
+
+class _Args:
+    world_timeout = 60
+
+
+def test_launcher_collects_every_rank():
+    res = cm.run_world(3, _Args(), target=_rank_ok)
+    assert res["error"] is None
+    assert sorted(res["reports"]) == [0, 1, 2]
+    assert all(res["reports"][r]["rank"] == r for r in range(3))
+
+
+def test_launcher_reports_a_ranks_error():
+    res = cm.run_world(2, _Args(), target=_rank_error)
+    assert res["error"].startswith("rank 1: ValueError: boom")
+
+
+def test_launcher_notices_a_process_that_died():
+    res = cm.run_world(3, _Args(), target=_rank_dies)
+    assert res["error"] == "rank 2's process ended without a report (exit code 3)"
+    assert sorted(res["reports"]) == [0, 1]
+
+
+def test_launcher_kills_a_world_past_its_time():
+    import time
+    args = _Args()
+    args.world_timeout = 3
+    t0 = time.time()
+    res = cm.run_world(2, args, target=_rank_hangs)
+    assert res["error"] == "ranks [0] did not finish within 3 s"
+    assert time.time() - t0 < 20  # the hung rank was killed, not waited for
