@@ -1,7 +1,7 @@
 """The all-reduce across processes, one per GPU: correctness, faults and speed beside NCCL.
 
-``python3 -m molora.comm_multi`` (or ``tools/comm-multi``) starts one process per rank with
-torch.multiprocessing; the ranks meet in a gloo group (which carries molora's IPC handles and the
+``python3 -m molora.comm_multi`` (or ``tools/comm-multi``) starts one process per rank (spawned
+with multiprocessing); the ranks meet in a gloo group (which carries molora's IPC handles and the
 script's own checks) and, with one GPU per rank, an NCCL group for the baseline. Per world size:
 
 1. **correctness** — sizes 16 B to 16 MiB, bf16 and fp16, algorithms auto / one-shot / two-shot:
@@ -10,22 +10,25 @@ script's own checks) and, with one GPU per rank, an NCCL group for the baseline.
 2. **graph replay** — one all-reduce captured in a CUDA graph and replayed ``--iters`` times
    (default 10,000) with new inputs each time (``base_r + i * step_r``, made on the device), each
    replay compared bit for bit with the rank-order fp32 sum made on the device (itself checked
-   against the CPU reference); the fused residual + RMSNorm call likewise, each replay's output
-   digest compared across ranks and the CPU reference taken every ``--ref-every`` replays;
-3. **faults** (world >= 2) — one rank stops calling: the others' wait ends within the deadline +
-   10% (``TimeoutError`` from ``check()``), and the next call of every rank runs on NCCL and is
-   exact; a mismatched call order gives ``RuntimeError`` (Mismatch) on every rank, well before
-   the deadline;
+   against the CPU reference); the fused residual + RMSNorm call likewise, with the CPU
+   reference taken every ``--ref-every`` replays; every replay's output hash compared across
+   ranks;
+3. **faults** (world >= 2) — the last rank is late: the others' wait ends within the deadline +
+   10% (``TimeoutError`` from ``check()``), the late rank's call ends at once and raises too, and
+   the next call of every rank runs on NCCL and is exact; a mismatched call order gives
+   ``RuntimeError`` (Mismatch) on every rank, well before the deadline;
 4. **speed** — 1 KB to 16 MB: molora one-shot, two-shot and auto against ``ncclAllReduce``
-   through torch.distributed, each a CUDA graph of ``--calls`` calls replayed ``--reps`` times,
-   median per call (the slowest rank's), and bus bandwidth ``2 (w - 1) / w * bytes / time``.
+   (called directly), the same on symmetric windows, and torch.distributed's all_reduce, each a
+   CUDA graph of ``--calls`` calls replayed ``--reps`` times, median per call (the slowest
+   rank's), and bus bandwidth ``2 (w - 1) / w * bytes / time``.
 
 The table is printed last, with the issue's targets (world 8 at <= 256 KB: 2x lower latency than
-NCCL; >= 4 MB: bus bandwidth >= NCCL's). ``--share-gpu`` runs every rank on GPU 0 (a rehearsal on
-a one-GPU machine: molora's path across processes is real, the times are not NVLink's, and NCCL,
-which needs one GPU per rank, is left out and said so). World 1 runs too: molora falls back to
-NCCL (reason ``world_size``), counted. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the
-like are set before torch loads). Exit status 0 only when every check passed.
+ncclAllReduce and no slower than its symmetric kernels; >= 4 MB: bus bandwidth >= NCCL's).
+``--share-gpu`` runs every rank on GPU 0 (a rehearsal on a one-GPU machine: molora's path across
+processes is real, the times are not NVLink's, and NCCL, which needs one GPU per rank, is left
+out and said so). World 1 runs too: molora falls back to NCCL (reason ``world_size``), counted.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the like are set before torch loads). Exit
+status 0 only when every check passed.
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ class _Rank:
         self.nccl = dist.new_group(backend="nccl") if self.use_nccl else None
         self.failures: List[str] = []
         self.report: Dict[str, Any] = {"world": world, "rank": rank}
+        self._weights: Dict[int, Any] = {}  # bits_hash's position weights, per size
 
     # helpers
     def gather(self, obj: Any) -> List[Any]:
@@ -169,6 +173,31 @@ class _Rank:
 
     def bits(self, t: Any) -> Any:
         return t.view(self.torch.int16)
+
+    def bits_hash(self, *ts: Any) -> Any:
+        """A device int64 of the tensors' bits (position-weighted), compared across ranks."""
+        torch = self.torch
+        h = torch.zeros((), dtype=torch.int64, device="cuda")
+        for j, t in enumerate(ts):
+            b = self.bits(t).reshape(-1).to(torch.int64)
+            w = self._weights.get(b.numel())
+            if w is None:  # made once per size, not per replay
+                w = self._weights[b.numel()] = torch.arange(1, b.numel() + 1, device="cuda")
+            h += (b * w).sum() * (2 * j + 1)
+        return h
+
+    def ranks_agree(self, hashes: Any) -> bool:
+        """Every rank's per-replay hashes are the same (a digest of them, all-gathered)."""
+        return len(set(self.gather(digest(hashes.cpu().numpy().tobytes())))) == 1
+
+    @staticmethod
+    def rank_order_sum(x: Any, dtype: Any) -> Any:
+        """The specification on the device: x [world, n] summed in fp32 in rank order, rounded
+        once to dtype (checked against the CPU reference before it is trusted)."""
+        acc = x[0].float()
+        for r in range(1, x.shape[0]):
+            acc += x[r].float()
+        return acc.to(dtype)
 
     # 1. correctness, eager
     def correctness(self, seed: int) -> None:
@@ -205,7 +234,7 @@ class _Rank:
                         self.fail(f"correctness {name}: ranks' outputs differ ({ds})")
         self.report["correctness"] = {"cases": cases, "failed": bad, "paths": paths,
                                       "stats": c.stats()}
-        self.drop(c)
+        self.quiesce()
 
     # 2. graph replay with changing inputs
     def graph_replay(self, seed: int) -> None:
@@ -228,11 +257,9 @@ class _Rank:
                 # the device reference against the CPU one, at the first and the last input
                 for i in (0, iters - 1):
                     x = inputs(i)
-                    acc = x[0].float()
-                    for r in range(1, self.world):
-                        acc += x[r].float()
                     cpu = mc.all_reduce_reference(list(x.cpu()))
-                    if not torch.equal(self.bits(acc.to(dtype).cpu()), self.bits(cpu)):
+                    if not torch.equal(self.bits(self.rank_order_sum(x, dtype).cpu()),
+                                       self.bits(cpu)):
                         self.fail(f"graph {str(dtype)[6:]} n={n}: the device reference differs "
                                   f"from the CPU one at input {i}")
                 xin.copy_(inputs(0)[self.rank])
@@ -244,36 +271,31 @@ class _Rank:
                 torch.cuda.synchronize()
                 self.dist.barrier()
                 mism = torch.zeros((), dtype=torch.int64, device="cuda")
-                hsum = torch.zeros((), dtype=torch.int64, device="cuda")
-                weights = torch.arange(1, n + 1, device="cuda", dtype=torch.int64)
+                hashes = torch.zeros(iters, dtype=torch.int64, device="cuda")
                 t0 = time.perf_counter()
                 for i in range(iters):
                     x = inputs(i)
                     xin.copy_(x[self.rank])
                     graph.replay()
-                    acc = x[0].float()
-                    for r in range(1, self.world):
-                        acc += x[r].float()
-                    want = acc.to(dtype)
-                    mism += (self.bits(xout) != self.bits(want)).sum()
-                    hsum += (self.bits(xout).to(torch.int64) * weights).sum() * (i + 1)
+                    mism += (self.bits(xout) != self.bits(self.rank_order_sum(x, dtype))).sum()
+                    hashes[i] = self.bits_hash(xout)
                 torch.cuda.synchronize()
                 secs = time.perf_counter() - t0
                 c.check()
                 m = int(mism.item())
-                hs = self.gather(int(hsum.item()))
+                agree = self.ranks_agree(hashes)
                 key = f"{str(dtype)[6:]} {fmt_bytes(n * 2)}"
                 if m:
                     self.fail(f"graph {key}: {m} elements differ from the reference over "
                               f"{iters} replays")
-                if len(set(hs)) != 1:
-                    self.fail(f"graph {key}: the ranks' output checksums differ")
+                if not agree:
+                    self.fail(f"graph {key}: the ranks' per-replay output hashes differ")
                 out[key] = {"replays": iters, "mismatches": m, "seconds": round(secs, 2),
-                            "ranks_agree": len(set(hs)) == 1}
+                            "ranks_agree_every_replay": agree}
                 del graph
         out["rmsnorm"] = self._graph_rmsnorm(c, seed)
         self.report["graph"] = out
-        self.drop(c)
+        self.quiesce()
 
     def _graph_rmsnorm(self, c: Any, seed: int) -> Dict[str, Any]:
         torch = self.torch
@@ -306,14 +328,12 @@ class _Rank:
         self.dist.barrier()
         iters, every = self.args.iters, self.args.ref_every
         hashes = torch.zeros(iters, dtype=torch.int64, device="cuda")
-        weights = torch.arange(1, rows * hidden + 1, device="cuda", dtype=torch.int64)
         checked = bad = 0
         for i in range(iters):
             x = load(i)
             r0 = res.clone() if (i % every == 0 or i == iters - 1) else None
             graph.replay()
-            hashes[i] = (self.bits(out).reshape(-1).to(torch.int64) * weights).sum() + \
-                (self.bits(res).reshape(-1).to(torch.int64) * weights).sum() * 3
+            hashes[i] = self.bits_hash(out, res)
             if r0 is not None:
                 rr = r0.cpu()
                 want = mc.all_reduce_residual_rmsnorm_reference(list(x.cpu()), rr, weight.cpu(),
@@ -324,24 +344,24 @@ class _Rank:
                     bad += 1
         torch.cuda.synchronize()
         c.check()
-        all_h = self.gather(digest(hashes.cpu().numpy().tobytes()))
+        agree = self.ranks_agree(hashes)
         fused = c.stats()["fused_calls"] - before
         if bad:
             self.fail(f"graph rmsnorm: {bad} of {checked} checked replays differ from the CPU "
                       f"reference")
-        if len(set(all_h)) != 1:
-            self.fail("graph rmsnorm: the ranks' per-replay output digests differ")
+        if not agree:
+            self.fail("graph rmsnorm: the ranks' per-replay output hashes differ")
         del graph
         return {"replays": iters, "checked_against_cpu": checked, "mismatched": bad,
-                "ranks_agree_every_replay": len(set(all_h)) == 1, "fused_calls": fused,
+                "ranks_agree_every_replay": agree, "fused_calls": fused,
                 "shape": [rows, hidden]}
 
     # 3. faults
-    def drop(self, c: Any) -> None:
-        """Every rank is done with communicator c (its peers may still map its buffer)."""
+    def quiesce(self) -> None:
+        """Every rank's calls have finished: only then may a communicator be released (its
+        peers map its buffer)."""
         self.torch.cuda.synchronize()
         self.dist.barrier()
-        del c
 
     def faults(self, seed: int) -> None:
         torch = self.torch
@@ -404,7 +424,7 @@ class _Rank:
                 self.fail(f"fault continue: {type(e).__name__}: {e}")
         else:
             rep["continue_on_nccl"] = "not run: ranks share one GPU, so there is no NCCL"
-        self.drop(c)
+        self.quiesce()
         # Mismatched call order (a fresh communicator): rank 0 calls another size.
         c = self.make_comm(timeout_ms=max(deadline, 1000))
         c.set_algo("oneshot")
@@ -424,13 +444,13 @@ class _Rank:
             self.fail(f"fault mismatch: found after {ms:.1f} ms, not before the deadline")
         rep["mismatch"] = {"error": err, "ms": round(ms, 1)}
         self.report["faults"] = rep
-        self.drop(c)
+        self.quiesce()
 
     # 4. speed
     def _time_graph(self, fn: Any, eager_ok: bool = False) -> Any:
-        """Median µs per call over --reps replays of a graph of --calls calls of fn, and how it
-        was timed ("graph"; "eager" when the capture failed and eager_ok: --calls eager calls
-        between two events instead)."""
+        """The slowest rank's median µs per call over --reps replays of a graph of --calls calls
+        of fn, and how it was timed ("graph"; "eager" when the capture failed and eager_ok:
+        --calls eager calls between two events instead)."""
         torch = self.torch
         fn()
         torch.cuda.synchronize()
@@ -461,7 +481,7 @@ class _Rank:
             e.synchronize()
             times.append(s.elapsed_time(e) * 1e3 / self.args.calls)
         del graph
-        return statistics.median(times), how
+        return max(self.gather(statistics.median(times))), how
 
     def speed(self) -> None:
         torch = self.torch
@@ -494,8 +514,7 @@ class _Rank:
             for algo in ALGOS:
                 c.set_algo(algo)
                 before = c.stats()["p2p_calls"]
-                us, _ = self._time_graph(lambda: c.all_reduce(x, out=out))
-                row[f"{algo}_us"] = max(self.gather(us))
+                row[f"{algo}_us"], _ = self._time_graph(lambda: c.all_reduce(x, out=out))
                 row[f"{algo}_p2p"] = c.stats()["p2p_calls"] > before
             c.check()
             row["molora_us"] = min(row[f"{a}_us"] for a in ALGOS)
@@ -503,20 +522,17 @@ class _Rank:
             row["nccl_us"] = row["nccl_gbps"] = row["symm_us"] = row["torch_us"] = None
             if nd is not None:  # ncclAllReduce itself, out of place, on torch's buffers
                 y = torch.empty_like(x)
-                us, how = self._time_graph(
+                row["nccl_us"], row["nccl_timed"] = self._time_graph(
                     lambda: nd.all_reduce(x.data_ptr(), y.data_ptr(), n, stream()), eager_ok=True)
-                row["nccl_us"], row["nccl_timed"] = max(self.gather(us)), how
             if symm is not None:  # the same on buffers registered as symmetric windows
-                us, how = self._time_graph(
+                row["symm_us"], row["symm_timed"] = self._time_graph(
                     lambda: nd.all_reduce(symm[0], symm[1], n, stream()), eager_ok=True)
-                row["symm_us"], row["symm_timed"] = max(self.gather(us)), how
             if self.use_nccl:  # torch.distributed.all_reduce (NCCL backend), in place
                 y = x.clone()
-                us, how = self._time_graph(lambda: self.dist.all_reduce(y, group=self.nccl),
-                                           eager_ok=True)
-                row["torch_us"], row["torch_timed"] = max(self.gather(us)), how
+                row["torch_us"], row["torch_timed"] = self._time_graph(
+                    lambda: self.dist.all_reduce(y, group=self.nccl), eager_ok=True)
                 if row["nccl_us"] is None:  # the baseline: NCCL direct, else through torch
-                    row["nccl_us"], row["nccl_timed"] = row["torch_us"], how
+                    row["nccl_us"], row["nccl_timed"] = row["torch_us"], row["torch_timed"]
             if row["nccl_us"]:
                 row["nccl_gbps"] = bus_gbps(nbytes, self.world, row["nccl_us"])
             rows.append(row)
@@ -525,7 +541,7 @@ class _Rank:
         self.report["speed"] = rows
         self.report["speed_notes"] = notes
         self.report["speed_stats"] = c.stats()
-        self.drop(c)
+        self.quiesce()
 
 
 class _UniqueId(ctypes.Structure):  # ncclUniqueId
@@ -627,19 +643,18 @@ def _rank_main(rank: int, world: int, args: Any, init: str, q: Any) -> None:
              "speed": lambda _seed: r.speed()}[phase](seed)
             r.report.setdefault("seconds", {})[phase] = round(time.perf_counter() - t0, 1)
         r.report["failures"] = r.failures
-        all_fail = r.gather(r.failures)
         r.dist.barrier()
         r.dist.destroy_process_group()
-        q.put((rank, r.report, all_fail))
+        q.put((rank, r.report))
     except BaseException as e:  # reported to the parent, which stops the others
         import traceback
         q.put((rank, {"error": f"{type(e).__name__}: {e}",
-                      "traceback": traceback.format_exc()}, None))
+                      "traceback": traceback.format_exc()}))
 
 
 def run_world(world: int, args: Any, target: Any = None) -> Dict[str, Any]:
     """Starts `world` processes running target(rank, world, args, init, queue) (default: one
-    rank of this run), collects each rank's (rank, report, _) from the queue and returns
+    rank of this run), collects each rank's (rank, report) from the queue and returns
     {world, reports, error}. The error is set, and every process killed, when a rank reports an
     error, a process ends without reporting, or the world takes over args.world_timeout s."""
     import multiprocessing as mp
@@ -662,7 +677,7 @@ def run_world(world: int, args: Any, target: Any = None) -> Dict[str, Any]:
                 error = f"ranks {missing} did not finish within {args.world_timeout} s"
                 break
             try:
-                rank, rep, _ = q.get(timeout=min(1.0, left))
+                rank, rep = q.get(timeout=min(1.0, left))
             except queue_mod.Empty:
                 # a process that ended without its report (a crash, os._exit, a signal)
                 gone = [r for r, p in enumerate(procs)
@@ -671,7 +686,7 @@ def run_world(world: int, args: Any, target: Any = None) -> Dict[str, Any]:
                     time.sleep(0.5)  # (its report may still be in the queue's pipe)
                     try:
                         while True:
-                            rank, rep, _ = q.get_nowait()
+                            rank, rep = q.get_nowait()
                             reports[rank] = rep
                     except queue_mod.Empty:
                         pass

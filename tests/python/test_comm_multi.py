@@ -135,12 +135,12 @@ def test_direct_nccl_id_and_errors():
 
 def _rank_ok(rank, world, args, init, q):
     assert init.startswith("file://")
-    q.put((rank, {"world": world, "rank": rank, "seed": 7, "failures": []}, []))
+    q.put((rank, {"world": world, "rank": rank, "seed": 7, "failures": []}))
 
 
 def _rank_error(rank, world, args, init, q):
     if rank == 1:
-        q.put((rank, {"error": "ValueError: boom", "traceback": "tb"}, None))
+        q.put((rank, {"error": "ValueError: boom", "traceback": "tb"}))
         return
     _rank_ok(rank, world, args, init, q)
 

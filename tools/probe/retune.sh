@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Re-tune this GPU's lora config and compare it with the committed one (device run, carry
-# build-gpu, or GPU_BUILD=<folder>): `molora bench lora --tune` into $OUT/tuned.json, then the quick table with the new
-# config and with the committed one. Commit $OUT/tuned.json as configs/lora/<gpu>.json only if
-# the new table is no worse.
+# build-gpu, or GPU_BUILD=<folder>): `molora bench lora --tune` into $OUT/tuned.json, then the
+# quick table with the new config and with the committed one, and the two tables' sums. Commit
+# $OUT/tuned.json as configs/lora/<gpu>.json only if the new table is no worse.
 cd "$(dirname "$0")/../.." || exit
 B=${GPU_BUILD:-build-gpu}
 export LD_LIBRARY_PATH=$PWD/$B/deplib
