@@ -110,7 +110,8 @@ def judge_targets(world: int, rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The issue's targets for one world from the speed rows ({bytes, molora_us, molora_gbps,
     nccl_us, nccl_gbps, symm_us}; None where that baseline did not run): world 8 at <= 256 KiB
     2x lower latency than ncclAllReduce and no slower than NCCL's symmetric kernels; >= 4 MiB
-    bus bandwidth >= NCCL's. Lines 'TARGET ... MET/MISSED'."""
+    bus bandwidth >= NCCL's (judged on the times: at one size they order as the bandwidths do;
+    not judged for world 1, where bus bandwidth is 0). Lines 'TARGET ... MET/MISSED'."""
     lines = []
     small = [r for r in rows if r["bytes"] <= 256 * 1024 and r.get("nccl_us")]
     large = [r for r in rows if r["bytes"] >= 4 << 20 and r.get("nccl_us")]
@@ -127,9 +128,9 @@ def judge_targets(world: int, rows: Sequence[Dict[str, Any]]) -> List[str]:
             lines.append(f"TARGET world 8 <= 256 KiB: no slower than NCCL's symmetric kernels: "
                          f"worst {worst['molora_us']:.2f} vs {worst['symm_us']:.2f} us at "
                          f"{fmt_bytes(worst['bytes'])} {'MET' if ok else 'MISSED'}")
-    if large:
-        worst = min(large, key=lambda r: r["molora_gbps"] / r["nccl_gbps"])
-        ok = worst["molora_gbps"] >= worst["nccl_gbps"]
+    if large and world >= 2:  # one size, so bus bandwidth >= NCCL's is time <= NCCL's
+        worst = max(large, key=lambda r: r["molora_us"] / r["nccl_us"])
+        ok = worst["molora_us"] <= worst["nccl_us"]
         lines.append(f"TARGET world {world} >= 4 MiB: bus bandwidth >= NCCL's: worst "
                      f"{worst['molora_gbps']:.0f} vs {worst['nccl_gbps']:.0f} GB/s at "
                      f"{fmt_bytes(worst['bytes'])} {'MET' if ok else 'MISSED'}")
@@ -339,8 +340,13 @@ class _Rank:
                 want = mc.all_reduce_residual_rmsnorm_reference(list(x.cpu()), rr, weight.cpu(),
                                                                 eps)
                 checked += 1
-                if not (torch.equal(self.bits(out.cpu()), self.bits(want)) and
-                        torch.equal(self.bits(res.cpu()), self.bits(rr))):
+                # the residual (an fp32 sum rounded once) is bit-exact; the normalised output
+                # goes through the device's rsqrt, so it is held to 1/128 relative (one bf16
+                # ulp), as tests/python/test_comm.py holds the fused call
+                got = out.cpu().float()
+                close = bool(((got - want.float()).abs() <=
+                              want.float().abs() / 128).all())
+                if not (close and torch.equal(self.bits(res.cpu()), self.bits(rr))):
                     bad += 1
         torch.cuda.synchronize()
         c.check()
@@ -764,8 +770,9 @@ def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]
                  "windows, torch = torch.distributed.all_reduce; e = timed eagerly (its graph "
                  "capture failed); x nccl = nccl's time over molora's best")
     if share_gpu:
-        lines.append("ranks share one GPU: these are not NVLink times, and NCCL (one GPU per "
-                     "rank) did not run")
+        lines.append("ranks share one GPU as processes: the GPU time-slices their contexts, so "
+                     "a call that waits for a peer costs about a slice (ms); these are not NVLink "
+                     "times, and NCCL (one GPU per rank) did not run")
     return lines + notes + targets
 
 

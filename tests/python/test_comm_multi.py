@@ -68,6 +68,15 @@ def test_targets_met_and_missed():
     assert cm.judge_targets(8, [_row(1024, 8, 5.0, None)]) == []
 
 
+def test_world_one_has_no_bandwidth_target():
+    # world 1 moves no bytes between ranks (bus bandwidth 0): the first GPU run divided by it
+    rows = [_row(4 << 20, 1, 3.0, 2.0), _row(16 << 20, 1, 9.0, 8.0)]
+    assert rows[0]["molora_gbps"] == 0 and rows[0]["nccl_gbps"] == 0
+    assert cm.judge_targets(1, rows) == []
+    lines = cm.judge_targets(2, [_row(4 << 20, 2, 30.0, 20.0), _row(16 << 20, 2, 90.0, 95.0)])
+    assert len(lines) == 1 and lines[0].endswith("MISSED") and "at 4 MiB" in lines[0]
+
+
 def test_symmetric_kernel_target():
     rows = [_row(1024, 8, 5.0, 12.0, symm_us=6.0), _row(64 << 10, 8, 7.0, 15.0, symm_us=6.5)]
     lines = cm.judge_targets(8, rows)
