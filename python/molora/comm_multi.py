@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 # Multicast off in this process and every rank it starts (they inherit the environment).
@@ -456,15 +457,20 @@ class _Rank:
     def _time_graph(self, fn: Any, eager_ok: bool = False) -> Any:
         """The slowest rank's median µs per call over --reps replays of a graph of --calls calls
         of fn, and how it was timed ("graph"; "eager" when the capture failed and eager_ok:
-        --calls eager calls between two events instead)."""
+        --calls eager calls between two events instead; "empty" when the capture held no work)."""
         torch = self.torch
         fn()
         torch.cuda.synchronize()
         how, graph = "graph", torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                for _ in range(self.args.calls):
-                    fn()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph):
+                    for _ in range(self.args.calls):
+                        fn()
+            # torch warns when a capture holds no work (torch.distributed at world 1 does none)
+            if any("Graph is empty" in str(w.message) for w in caught):
+                how = "empty"
         except Exception:
             if not eager_ok:
                 raise
@@ -520,7 +526,10 @@ class _Rank:
             for algo in ALGOS:
                 c.set_algo(algo)
                 before = c.stats()["p2p_calls"]
-                row[f"{algo}_us"], _ = self._time_graph(lambda: c.all_reduce(x, out=out))
+                row[f"{algo}_us"], how = self._time_graph(lambda: c.all_reduce(x, out=out))
+                if how == "empty":
+                    self.fail(f"speed {algo} {fmt_bytes(nbytes)}: molora's captured call did no "
+                              f"work")
                 row[f"{algo}_p2p"] = c.stats()["p2p_calls"] > before
             c.check()
             row["molora_us"] = min(row[f"{a}_us"] for a in ALGOS)
@@ -537,7 +546,8 @@ class _Rank:
                 y = x.clone()
                 row["torch_us"], row["torch_timed"] = self._time_graph(
                     lambda: self.dist.all_reduce(y, group=self.nccl), eager_ok=True)
-                if row["nccl_us"] is None:  # the baseline: NCCL direct, else through torch
+                if row["nccl_us"] is None and row["torch_timed"] != "empty":
+                    # the baseline: NCCL direct, else through torch
                     row["nccl_us"], row["nccl_timed"] = row["torch_us"], row["torch_timed"]
             if row["nccl_us"]:
                 row["nccl_gbps"] = bus_gbps(nbytes, self.world, row["nccl_us"])
@@ -758,6 +768,8 @@ def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]
             def base(k: str) -> str:
                 if not r.get(k + "_us"):
                     return f"{'n/a':>9}"
+                if r.get(k + "_timed") == "empty":
+                    return f"{'no-op':>9}"
                 return f"{r[k + '_us']:8.2f}{'e' if r.get(k + '_timed') == 'eager' else ' '}"
             ratio = f"{r['nccl_us'] / r['molora_us']:6.2f}x" if r.get("nccl_us") else f"{'':>7}"
             ng = f"{r['nccl_gbps']:9.0f}" if r.get("nccl_gbps") else f"{'':>9}"
@@ -768,7 +780,8 @@ def speed_table(results: Sequence[Dict[str, Any]], share_gpu: bool) -> List[str]
     lines.append("us per call, median of graph replays, the slowest rank; * = not molora's P2P "
                  "path (a fallback); nccl = ncclAllReduce, nccl-sym = the same on symmetric "
                  "windows, torch = torch.distributed.all_reduce; e = timed eagerly (its graph "
-                 "capture failed); x nccl = nccl's time over molora's best")
+                 "capture failed); no-op = its capture held no work (torch.distributed at "
+                 "world 1); x nccl = nccl's time over molora's best")
     if share_gpu:
         lines.append("ranks share one GPU as processes: the GPU time-slices their contexts, so "
                      "a call that waits for a peer costs about a slice (ms); these are not NVLink "

@@ -104,6 +104,17 @@ def test_speed_table_marks_fallbacks_and_shared_gpu():
     assert not any(line.lstrip().startswith("4 ") for line in lines)  # the failed world
 
 
+def test_speed_table_marks_an_empty_capture():
+    # torch.distributed at world 1 captures no work: its column says so instead of a time
+    rows = [_row(1024, 1, 5.0, 4.0)]
+    rows[0]["torch_timed"] = "empty"
+    lines = cm.speed_table([{"world": 1, "error": None, "reports": {0: {"speed": rows}}}],
+                           share_gpu=False)
+    body = [line for line in lines if line.lstrip().startswith("1 ")]
+    assert len(body) == 1 and body[0].count("no-op") == 1 and "4.00 " in body[0]
+    assert any("no-op = its capture held no work" in line for line in lines)
+
+
 def test_bad_arguments_exit_2_before_any_gpu_work(capsys):
     for argv in (["--worlds", "9"], ["--phases", "check,nope"], ["--iters", "0"]):
         with pytest.raises(SystemExit) as e:
