@@ -25,7 +25,7 @@ struct Dev {
   explicit Dev(const std::vector<V>& h) : n(h.size()) {
     if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(V)) != cudaSuccess)
       p = nullptr;
-    if (n) cudaMemcpy(p, h.data(), n * sizeof(V), cudaMemcpyHostToDevice);
+    set(h);
   }
   Dev(const Dev&) = delete;
   ~Dev() { cudaFree(p); }
@@ -34,8 +34,14 @@ struct Dev {
     if (n) cudaMemcpy(h.data(), p, n * sizeof(V), cudaMemcpyDeviceToHost);
     return h;
   }
+  // cudaMemcpy from pageable memory may return before its last DMA has landed ("API
+  // synchronization behavior" in the CUDA runtime docs), and the tests launch on non-blocking
+  // streams, which do not wait for the legacy stream: without the device sync a launch right
+  // after set() can read part of the old contents (seen once: a moe_delta graph replay after a
+  // reset of y, under ctest -j 8).
   void set(const std::vector<V>& h) {
     if (n) cudaMemcpy(p, h.data(), n * sizeof(V), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   }
 };
 
