@@ -140,8 +140,12 @@ Status upload(const std::string& name, const std::vector<V>& h, int slot, size_t
   Buf& b = buf(name);
   MOLORA_RETURN_IF_ERROR(b.ensure(stride * sizeof(V) * kRot));
   V* p = static_cast<V*>(b.p) + stride * slot;
-  if (!h.empty())
+  // A pageable cudaMemcpy may return before its DMA lands, and the timed calls run on a
+  // non-blocking stream: wait for it (tests/lora_gpu_test.cc's Dev::set, which raced).
+  if (!h.empty()) {
     MOLORA_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(V), cudaMemcpyHostToDevice));
+    MOLORA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   *out = p;
   return Status::Ok();
 }
