@@ -73,6 +73,64 @@ TEST(LoraBench, WeightCopies) {
   }
 }
 
+// Case::align_first (`molora bench lora --routing align`, the table's al+align rows): with
+// anything but aligned routing at block 16 or 32, or with layers or the timeline, an error
+// naming it before any device work. On a GPU each timed call runs the align kernel and then the
+// aligned call, and run_case checks the device's align output against the layout built on the
+// host (a mismatch is an error): T = 1, 3 and 64, every token with an adapter, half, none
+// (nothing to align), both blocks, and a moe_delta pair.
+TEST(LoraBench, AlignFirst) {
+  namespace b = molora::lora::bench;
+  b::Case c;
+  ASSERT_TRUE(b::parse_shape("N64_r8_V8x2", &c.shape));
+  c.align_first = true;
+  c.routing = molora::lora::RoutingKind::kAligned;
+  b::Result r;
+  auto bad = [&](b::Case bc, const char* want) {
+    const molora::Status st = b::run_case(bc, 1000.0, &r);
+    ASSERT_FALSE(st.ok()) << want;
+    if (st.code() == molora::StatusCode::kUnavailable) return;  // (built without CUDA)
+    EXPECT_EQ(st.code(), molora::StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.to_string();
+  };
+  {
+    b::Case bc = c;
+    bc.routing = molora::lora::RoutingKind::kPlain;
+    bad(bc, "routing must be aligned");
+  }
+  for (int blk : {8, 64}) {
+    b::Case bc = c;
+    bc.block = blk;
+    bad(bc, "block must be 16 or 32");
+  }
+  {
+    b::Case bc = c;
+    bc.layers = 4;
+    bad(bc, "layers and timeline");
+    bc.layers = 0;
+    bc.timeline = true;
+    bad(bc, "layers and timeline");
+  }
+  if (!molora::require_gpu().ok()) GTEST_SKIP() << "no GPU: the timed cases need one";
+  for (int blk : {16, 32})
+    for (int T : {1, 3, 64})
+      for (double none : {0.0, 0.5, 1.0}) {
+        for (auto op : {molora::lora::Op::kShrink, molora::lora::Op::kExpand}) {
+          b::Case gc = c;
+          gc.block = blk, gc.T = T, gc.none_frac = none, gc.op = op;
+          const molora::Status st = b::run_case(gc, 1000.0, &r);
+          ASSERT_TRUE(st.ok()) << "block " << blk << " T " << T << " none " << none << ": "
+                               << st.to_string();
+          EXPECT_GT(r.us, 0.0);
+        }
+      }
+  b::Case dc = c;
+  dc.op = molora::lora::Op::kShrink, dc.chain = true, dc.delta = true, dc.T = 64;
+  const molora::Status st = b::run_case(dc, 1000.0, &r);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_GT(r.us, 0.0);
+}
+
 // `molora bench lora --shape`: the seed names and the N<dim>_r<r>_V<E>x<S> form, every field
 // checked against the kernels' limits.
 TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {

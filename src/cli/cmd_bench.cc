@@ -36,8 +36,11 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
                    "pairs as one moe_delta call each, or delta-after: deltas that each follow "
                    "another, reading their shrink's inputs early too (one-shape mode)")
       ->check(CLI::IsMember({"expand", "shrink", "chain", "delta", "delta-after"}));
-  lora->add_option("--routing", *routing, "plain or aligned (one-shape mode)")
-      ->check(CLI::IsMember({"plain", "aligned"}));
+  lora->add_option("--routing", *routing,
+                   "plain, aligned, or align: the align kernel (slot ids, block 16) then the "
+                   "aligned call, both timed, what a caller holding plain routing pays "
+                   "(one-shape mode)")
+      ->check(CLI::IsMember({"plain", "aligned", "align"}));
   lora->add_option("--kernel", *kernel, "grid or stream (default: the planner's choice)")
       ->check(CLI::IsMember({"", "grid", "stream"}));
   lora->add_option("--T", *Ts,
@@ -90,6 +93,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.after_delta = *op == "delta-after";
       c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
                                       : molora::lora::RoutingKind::kAligned;
+      c.align_first = *routing == "align";
       c.kernel = *kernel;
       c.none_frac = *none;
       c.mixed_ranks = *mixed;

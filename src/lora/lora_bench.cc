@@ -14,6 +14,7 @@
 
 #include "core/cuda_util.h"
 #include "lora/lora_internal.h"
+#include "molora/align.h"
 
 namespace molora::lora::bench {
 
@@ -333,6 +334,17 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     return Status::InvalidArgument("a case needs T >= 1 and 1 <= top-k <= experts (T " +
                                    std::to_string(c.T) + ", top-k " + std::to_string(c.k) +
                                    ", experts " + std::to_string(c.shape.E) + ")");
+  if (c.align_first) {  // (checked before any device work)
+    if (c.routing != RoutingKind::kAligned)
+      return Status::InvalidArgument("align_first times the aligned call: routing must be aligned");
+    if (c.block != 16 && c.block != 32)
+      return Status::InvalidArgument(
+          "align_first: block must be 16 or 32 (the align kernel's "
+          "smallest blocks, the stream kernels' largest), got " +
+          std::to_string(c.block));
+    if (c.layers > 0 || c.timeline)
+      return Status::InvalidArgument("align_first: layers and timeline time the lora call alone");
+  }
   MOLORA_RETURN_IF_ERROR(require_gpu());
   const Shape& sh = c.shape;
   const int64_t P = int64_t(c.T) * c.k, V = int64_t(sh.S) * sh.E;
@@ -407,6 +419,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   pbe.N = sh.dim;
   std::mt19937_64 rng(0x10ba + c.T * 131 + int(c.none_frac * 10) + sh.dim);
   Routing rts[kRot];
+  HostRouting last;  // (rotation kRot - 1: align_first checks the device's align against it)
   double bytes_sum = 0;
   PlanOptions po;
   po.bandwidth_gbps = copy_gbps;
@@ -432,6 +445,7 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
       rts[i].num_tokens_post_pad = n;
     }
     po.stats = &h.st;
+    if (i == kRot - 1) last = h;
     MOLORA_RETURN_IF_ERROR(plan(pb, &pl, po));
     bytes_sum += double(pl.bytes);
     if (c.chain) {
@@ -461,23 +475,78 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
   }
   if (c.delta && !c.chain) return Status::InvalidArgument("delta times a chain");
   if (c.after_delta && !c.delta) return Status::InvalidArgument("after_delta times deltas");
+  // align_first: the device's align output, which every call reads (call i aligns routing
+  // i % kRot first, in the same stream).
+  Routing art;
+  AlignArgs al;
+  if (c.align_first) {
+    AlignSizes as;
+    MOLORA_RETURN_IF_ERROR(moe_align_sizes(c.T, c.k, V, c.block, &as));
+    if (as.sorted_token_ids != pb.sorted_len)
+      return Status::Internal("align_first: align's length differs from the problem's");
+    Buf& bs = buf("al_sorted");
+    Buf& be = buf("al_eids");
+    Buf& bn = buf("al_ntpp");
+    Buf& bw = buf("al_ws");
+    MOLORA_RETURN_IF_ERROR(bs.ensure(size_t(as.sorted_token_ids) * 4));
+    MOLORA_RETURN_IF_ERROR(be.ensure(size_t(as.expert_ids) * 4));
+    MOLORA_RETURN_IF_ERROR(bn.ensure(4));
+    MOLORA_RETURN_IF_ERROR(bw.ensure(std::max<size_t>(as.workspace_bytes, 1)));
+    al.topk_dtype = DType::kI32;
+    al.num_tokens = c.T;
+    al.topk = c.k;
+    al.num_experts = V;
+    al.block_size = c.block;
+    al.num_base_experts = sh.E;
+    al.sorted_token_ids = static_cast<int32_t*>(bs.p);
+    al.sorted_token_ids_len = as.sorted_token_ids;
+    al.expert_ids = static_cast<int32_t*>(be.p);
+    al.expert_ids_len = as.expert_ids;
+    al.num_tokens_post_pad = static_cast<int32_t*>(bn.p);
+    al.workspace = bw.p;
+    al.workspace_bytes = as.workspace_bytes;
+    art.sorted_token_ids = al.sorted_token_ids;
+    art.expert_ids = al.expert_ids;
+    art.num_tokens_post_pad = al.num_tokens_post_pad;
+  }
+  auto rt_of = [&](int i) -> const Routing& { return c.align_first ? art : rts[i % kRot]; };
   cudaStream_t s;
   MOLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto call_op = [&](int i, const void* wp) {  // the case's op at routing i % kRot, weights wp
-    const Routing& rt = rts[i % kRot];
+    const Routing& rt = rt_of(i);
     return c.op == Op::kShrink ? shrink(pb, &run_plan, in.p, wp, d_ranks, rt, o.p, s)
                                : expand(pb, &run_plan, in.p, wp, d_ranks, d_scales, rt, o.p, s);
   };
   auto call = [&](int i) -> Status {
+    if (c.align_first) {
+      AlignArgs ai = al;
+      ai.topk_ids = rts[i % kRot].topk_ids;
+      ai.slot_ids = rts[i % kRot].slot_ids;
+      MOLORA_RETURN_IF_ERROR(moe_align_block_size(ai, s));
+    }
     if (c.delta)
       return moe_delta(pb, sh.dim, &plan_d, in.p, w_at(w, i), w_at(w2, i), d_ranks, d_scales,
-                       rts[i % kRot], o.p, y.p, s);
+                       rt_of(i), o.p, y.p, s);
     MOLORA_RETURN_IF_ERROR(call_op(i, w_at(w, i)));
     if (!c.chain) return Status::Ok();
-    return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rts[i % kRot], y.p, s);
+    return expand(pbe, &plan_e, o.p, w_at(w2, i), d_ranks, d_scales, rt_of(i), y.p, s);
   };
   for (int i = 0; i < kRot; ++i) MOLORA_RETURN_IF_ERROR(call(i));  // eager warm-up
   MOLORA_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (c.align_first) {  // the last warm-up call aligned rotation kRot - 1: the host's layout
+    std::vector<int32_t> ds(size_t(al.sorted_token_ids_len)), de(size_t(al.expert_ids_len)), dn(1);
+    MOLORA_CUDA_CHECK(
+        cudaMemcpy(ds.data(), al.sorted_token_ids, ds.size() * 4, cudaMemcpyDeviceToHost));
+    MOLORA_CUDA_CHECK(cudaMemcpy(de.data(), al.expert_ids, de.size() * 4, cudaMemcpyDeviceToHost));
+    MOLORA_CUDA_CHECK(cudaMemcpy(dn.data(), al.num_tokens_post_pad, 4, cudaMemcpyDeviceToHost));
+    if (ds != last.sorted || de != last.eids || dn != last.ntpp) {
+      cudaStreamDestroy(s);
+      return Status::Internal(
+          "align_first: the device's align output differs from the layout "
+          "built on the host (num_tokens_post_pad " +
+          std::to_string(dn[0]) + " against " + std::to_string(last.ntpp.at(0)) + ")");
+    }
+  }
   Result r;
   r.weight_copies = copies;
   Status st = time_graph_us(s, call, &r.us, calls);
@@ -520,6 +589,7 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
       quick ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 32, 64, 128, 256};
   std::map<std::string, double> t_at;     // key → us
   std::map<std::string, double> copy_at;  // key → the same-bytes copy's us
+  std::map<std::string, double> pct_at;   // key → % of copy bandwidth
   std::vector<std::string> summary;
   int miss = 0;
   for (Op op : {Op::kExpand, Op::kShrink})
@@ -530,20 +600,23 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
       // Against a copy of the same bytes (Result::copy_us): T <= 8 and T >= 32.
       double max_xc_small[2] = {0, 0}, max_xc_large[2] = {0, 0};
       // Plain, aligned (the planner's kernel) and, for comparison in the same run, aligned
-      // on each kernel forced (all-adapter rows only): al-grid, al-strm.
-      for (int variant = 0; variant < 4; ++variant)
+      // on each kernel forced (all-adapter rows only): al-grid, al-strm; and (full table) the
+      // align kernel + the aligned call, what a caller holding plain routing pays: al+align.
+      for (int variant = 0; variant < (quick ? 4 : 5); ++variant)
         for (int T : Ts)
           for (double none : {0.0, 0.5, 1.0}) {
             const RoutingKind rk = variant == 0 ? RoutingKind::kPlain : RoutingKind::kAligned;
-            if (variant >= 2 && none != 0.0) continue;
+            if ((variant == 2 || variant == 3) && none != 0.0) continue;
             const char* label = variant == 0   ? "plain"
                                 : variant == 1 ? "aligned"
                                 : variant == 2 ? "al-grid"
-                                               : "al-strm";
+                                : variant == 3 ? "al-strm"
+                                               : "al+align";
             Case c;
             c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
             if (variant == 2) c.kernel = "grid";
             if (variant == 3) c.kernel = "stream";
+            c.align_first = variant == 4;
             Result r;
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
@@ -560,6 +633,7 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
             key << op_name(op) << sh.name << T << none << label;
             t_at[key.str()] = r.us;
             copy_at[key.str()] = r.copy_us;
+            pct_at[key.str()] = r.pct_copy;
             if (variant >= 2) continue;
             int ri = rk == RoutingKind::kPlain ? 0 : 1;
             if (none == 0.0 && T >= 32) {
@@ -622,6 +696,31 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
                       "kernel)",
                       op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()], t_at[kg.str()],
                       t_at[ks.str()]);
+        summary.push_back(line);
+      }
+      if (!quick) {  // a caller holding plain routing: the plain kernel, or align + aligned
+        std::string per_t;
+        int from_t = 0;  // the smallest T from which align + aligned is faster at every T
+        double min_pct_al = 1e9;
+        for (int T : Ts) {
+          std::ostringstream kp, kl;
+          kp << op_name(op) << sh.name << T << 0.0 << "plain";
+          kl << op_name(op) << sh.name << T << 0.0 << "al+align";
+          const double up = t_at[kp.str()], ul = t_at[kl.str()];
+          char cell[64];
+          std::snprintf(cell, sizeof cell, "%sT=%d %.2f / %.2f", per_t.empty() ? "" : ", ", T, up,
+                        ul);
+          per_t += cell;
+          if (ul < up && from_t == 0) from_t = T;
+          if (ul >= up) from_t = 0;
+          if (T >= 32) min_pct_al = std::min(min_pct_al, pct_at[kl.str()]);
+        }
+        std::snprintf(line, sizeof line,
+                      "SUMMARY lora %s %s plain routing's caller, us, the plain kernel / align "
+                      "kernel + aligned call: %s; align + aligned faster from T=%s; T>=32 min "
+                      "%.1f%% of copy bandwidth (the lora call's bytes; not a target line)",
+                      op_name(op), sh.name.c_str(), per_t.c_str(),
+                      from_t ? std::to_string(from_t).c_str() : "(none)", min_pct_al);
         summary.push_back(line);
       }
     }

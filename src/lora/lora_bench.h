@@ -66,6 +66,13 @@ struct Case {
   // Also run the calls once more with the stream kernels' timeline probe on (one op, a stream
   // plan): Result::timeline.
   bool timeline = false;
+  // With aligned routing: what a caller that holds plain routing (topk_ids, slot_ids) pays for
+  // the aligned call. Each timed call is moe_align_block_size (slot ids, V = S*E, block `block`)
+  // on the device, then the aligned call reading that output; both are in the timed graph. The
+  // first run checks the device's align output against the layout built on the host. bytes and
+  // floor are the lora call's (the align's ~4 bytes per position of sorted_token_ids not
+  // counted). Not with layers or timeline (they time the lora call alone).
+  bool align_first = false;
 };
 
 // The stream kernels' timeline probe (detail::set_stream_trace): each call's phases from the
