@@ -7,8 +7,6 @@
 
 #include "align_contract.h"
 #include "gpu_test_util.h"
-#include "lora_gpu_writer.h"
-#include "molora/settings.h"
 
 namespace molora::align_test {
 namespace {
@@ -187,105 +185,6 @@ TEST(AlignGpu, GraphCaptureReplaysWithNewInputs) {
   capture_and_replay(200, 8, 8192, 16);
   if (::testing::Test::HasFatalFailure()) return;
   capture_and_replay(1000, 8, 8192, 64);
-}
-
-// The one-launch kernel with dependent launch (MOLORA_ALIGN_PDL: empty, the default, and 1 launch
-// it with the attribute; 0 without): the kernel before it in the stream lets it launch at once
-// and takes 200 us before it touches memory. First that kernel writes this call's topk_ids
-// late: the call must read the new ids. Then it reads the last call's sorted_token_ids late (a
-// kernel that still reads the outputs): the call must not write its outputs before that read,
-// as a call without the attribute. An unknown value is an error naming the setting, with
-// nothing written. Decode size (64 x 8 pairs, V = 1280, the one-launch path) and 4 x 8.
-static void pdl_keeps_stream_order(int64_t T, const char* setting) {
-  const uint64_t seed = fresh_seed();
-  std::printf("seed %llu T=%lld MOLORA_ALIGN_PDL=%s\n", static_cast<unsigned long long>(seed),
-              (long long)T, setting ? setting : "(unset)");
-  molora::set_setting("MOLORA_ALIGN_PDL",
-                      setting ? std::optional<std::string>(setting) : std::nullopt);
-  std::mt19937_64 g(seed);
-  const int64_t k = 8, V = 1280, B = 16;
-  AlignSizes sz;
-  ASSERT_TRUE(moe_align_sizes(T, k, V, B, &sz).ok());
-  ASSERT_EQ((T * k) % 4, 0);
-  ASSERT_EQ(sz.sorted_token_ids % 4, 0);
-  DevBuf<int32_t> ids(T * k), ids_new(T * k), slots(T), sorted(sz.sorted_token_ids),
-      snapshot(sz.sorted_token_ids), eids(sz.expert_ids), post(1), drop(2),
-      ws(sz.workspace_bytes / 4 + 1);
-  AlignCase c_old = random_case(g, T, k, V, B, true);
-  AlignCase c_new = random_case(g, T, k, V, B, true);
-  c_new.slots = c_old.slots;  // (only the ids change between the calls)
-  ids.put(ids_i32(c_old));
-  ids_new.put(ids_i32(c_new));
-  slots.put(c_old.slots);
-  AlignArgs a;
-  a.topk_ids = ids.p, a.num_tokens = T, a.topk = k, a.num_experts = V, a.block_size = B;
-  a.slot_ids = slots.p, a.num_base_experts = c_old.E;
-  a.sorted_token_ids = sorted.p, a.sorted_token_ids_len = sz.sorted_token_ids;
-  a.expert_ids = eids.p, a.expert_ids_len = sz.expert_ids;
-  a.num_tokens_post_pad = post.p, a.num_dropped = drop.p;
-  a.workspace = ws.p, a.workspace_bytes = sz.workspace_bytes;
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const bool bad = setting != nullptr && std::string(setting) == "yes";
-  if (bad) {  // an unknown value: refused before the launch, the outputs keep their poison
-    CK(cudaMemset(sorted.p, 0x7f, sz.sorted_token_ids * 4));
-    const Status st = moe_align_block_size(a, s);
-    CK(cudaStreamSynchronize(s));
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-    EXPECT_NE(st.message().find("MOLORA_ALIGN_PDL"), std::string::npos) << st.to_string();
-    std::vector<int32_t> hs(sz.sorted_token_ids);
-    sorted.get(&hs);
-    for (int32_t v : hs) ASSERT_EQ(v, 0x7f7f7f7f);
-    molora::set_setting("MOLORA_ALIGN_PDL", std::nullopt);
-    CK(cudaStreamDestroy(s));
-    return;
-  }
-  ASSERT_TRUE(moe_align_block_size(a, s).ok());  // the old ids' outputs
-  CK(cudaStreamSynchronize(s));
-  auto expect_outputs = [&](const AlignCase& c, const char* what) {
-    const Expected e = oracle(c);
-    std::vector<int32_t> hs(sz.sorted_token_ids), he(sz.expert_ids), hp(1), hd(2);
-    sorted.get(&hs);
-    eids.get(&he);
-    post.get(&hp);
-    drop.get(&hd);
-    EXPECT_EQ(hs, e.sorted) << what;
-    EXPECT_EQ(he, e.expert_ids) << what;
-    EXPECT_EQ(hp[0], e.post_pad) << what;
-    EXPECT_EQ(hd[0], e.dropped) << what;
-    EXPECT_EQ(hd[1], e.no_adapter) << what;
-  };
-  // Read after write: a late writer of the new ids, then the call.
-  CK(lora_test::launch_late_writer(ids.p, ids_new.p, T * k * 4, 200, s));
-  Status st = moe_align_block_size(a, s);
-  CK(cudaStreamSynchronize(s));
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  expect_outputs(c_new, "the call read the ids before the kernel before it had written them");
-  // Write after read: a late reader of those outputs, then a call on a third set of ids.
-  AlignCase c3 = random_case(g, T, k, V, B, true);
-  c3.slots = c_old.slots;
-  ids.put(ids_i32(c3));
-  CK(cudaDeviceSynchronize());
-  CK(lora_test::launch_late_writer(snapshot.p, sorted.p, sz.sorted_token_ids * 4, 200, s));
-  st = moe_align_block_size(a, s);
-  CK(cudaStreamSynchronize(s));
-  molora::set_setting("MOLORA_ALIGN_PDL", std::nullopt);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  std::vector<int32_t> hsnap(sz.sorted_token_ids);
-  snapshot.get(&hsnap);
-  EXPECT_EQ(hsnap, oracle(c_new).sorted)
-      << "the call wrote its outputs before the kernel before it had read the last ones";
-  expect_outputs(c3, "the call after the late reader");
-  CK(cudaStreamDestroy(s));
-}
-
-TEST(AlignGpu, DependentLaunchKeepsStreamOrder) {
-  MOLORA_SKIP_WITHOUT_GPU();
-  for (const char* setting : {static_cast<const char*>(nullptr), "1", "0", "yes"})
-    for (int64_t T : {64, 4}) {
-      pdl_keeps_stream_order(T, setting);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
 }
 
 }  // namespace molora::align_test

@@ -35,9 +35,7 @@
 
 #include "align/align_internal.h"
 #include "core/cuda_util.h"
-#include "core/pdl.cuh"
 #include "molora/align.h"
-#include "molora/settings.h"
 
 namespace molora {
 namespace {
@@ -199,12 +197,6 @@ struct SmallParams {
 
 template <int ITEMS>
 __global__ void __launch_bounds__(kThreads) molora_align_small(SmallParams p) {
-  // Launched with programmatic stream serialization (MOLORA_ALIGN_PDL, on by default): the next
-  // kernel may launch now (it waits for this one before touching memory), and this one waits for
-  // the kernel before it before its first global read or write (a kernel before it may still
-  // read the last call's outputs, or write the ids). No-ops without the attribute.
-  pdl::pdl_trigger();
-  pdl::pdl_wait();
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * p.slice;
   const int64_t p1 = imin64(p0 + p.slice, p.sorted_len);
   const int64_t b0 = p0 >> p.block_shift;
@@ -463,16 +455,14 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     sp.block_shift = shift;
     sp.ibits = std::max(1, bit_length(numel - 1));
     sp.end_bit = sp.ibits + bit_length(V);
-    const unsigned grid = static_cast<unsigned>(cdiv(sz.sorted_token_ids, sp.slice));
-    const std::string pdl_set = get_setting("MOLORA_ALIGN_PDL");
-    if (!pdl_set.empty() && pdl_set != "0" && pdl_set != "1")
-      return Status::InvalidArgument("MOLORA_ALIGN_PDL must be empty, 0 or 1, got '" + pdl_set +
-                                     "'");
-    const bool pdl = pdl_set != "0";
-    auto kern = numel <= kThreads       ? molora_align_small<1>
-                : numel <= 4 * kThreads ? molora_align_small<4>
-                                        : molora_align_small<8>;
-    MOLORA_CUDA_CHECK(pdl::launch_kernel(pdl, kern, grid, kThreads, 0, stream, sp));
+    const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
+    if (numel <= kThreads)
+      molora_align_small<1><<<grid, kThreads, 0, stream>>>(sp);
+    else if (numel <= 4 * kThreads)
+      molora_align_small<4><<<grid, kThreads, 0, stream>>>(sp);
+    else
+      molora_align_small<8><<<grid, kThreads, 0, stream>>>(sp);
+    MOLORA_CUDA_CHECK(cudaGetLastError());
     return Status::Ok();
   }
 

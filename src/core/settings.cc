@@ -30,10 +30,6 @@ const std::vector<SettingInfo>& registered_settings() {
        "one-shot/two-shot switch point (bytes); empty = measured default"},
       {"MOLORA_COMM_DISABLE_P2P", "0",
        "1 = send every all-reduce to NCCL (counted as reason 'disabled')"},
-      {"MOLORA_ALIGN_PDL", "",
-       "programmatic dependent launch of the one-launch align kernel (decode sizes, sm_90: its "
-       "launch overlaps the kernel before it, and the kernel after it may launch while it "
-       "runs): empty or 1 = on, 0 = off"},
       {"MOLORA_LORA_CONFIG", "",
        "path of a tuned LoRA config JSON (default: the file for this GPU)"},
       {"MOLORA_LORA_KERNEL", "",

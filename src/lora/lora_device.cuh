@@ -9,17 +9,48 @@
 #include <cstdint>
 #include <utility>
 
-#include "core/pdl.cuh"
-
 namespace molora::lora::detail {
 
-// Programmatic dependent launch (core/pdl.cuh): every lora kernel lets the next one start at
-// once (pdl_trigger: the next one waits for this one in pdl_wait before it touches memory) and
-// waits for the one before it before its first global read or write; launch_kernel launches
-// with the attribute when the plan says so.
-using ::molora::pdl::launch_kernel;
-using ::molora::pdl::pdl_trigger;
-using ::molora::pdl::pdl_wait;
+// Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
+// serialization may start while the kernel before it in the stream is still running. Every lora
+// kernel lets the next one start at once (pdl_trigger: the next one waits for this one in
+// pdl_wait before it touches memory) and waits for the one before it before its first global
+// read or write. Launched without the attribute both are no-ops.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches kern<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization
+// when `pdl` (the plan's choice); a launch the driver refuses with the attribute goes again
+// without it.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(bool pdl, void (*kern)(KArgs...), unsigned grid, unsigned block,
+                          size_t smem, cudaStream_t stream, Args&&... args) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...) == cudaSuccess)
+      return cudaSuccess;
+    cudaGetLastError();
+  }
+  kern<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
 
 template <typename T>
 struct Cvt;
