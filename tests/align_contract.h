@@ -308,13 +308,31 @@ TYPED_TEST_P(AlignContract, SlotsFormVirtualIds) {
   check_case<TypeParam>(c, "slots");
 }
 
-// The CUDA path switches from one launch to three past 4,096 pairs and slices the pairs by 4,096:
-// sizes on each side of both, with buckets that span slices.
+// The CUDA path places up to 64 pairs (128 where V >= 4096) by counting and sorts more (one pair
+// per thread up to 512, then 4 and 8), switches from one launch to three past 4,096 pairs and
+// slices the pairs by 4,096: sizes on each side of each, with buckets that span slices.
 TYPED_TEST_P(AlignContract, PathAndSliceBoundaries) {
   MOLORA_ALIGN_BACKEND_SKIP();
   const uint64_t seed = fresh_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 g(seed);
+  // (V = 3: few buckets, many pairs each; V = 65,536: almost every pair its own bucket)
+  for (int64_t numel : {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 2048, 2049})
+    for (int64_t V : {3, 600, 4095, 4096, 65536})
+      for (bool slots : {false, true}) {
+        check_case<TypeParam>(random_case(g, numel, 1, V, 16, slots),
+                              "seed=" + std::to_string(seed));
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  check_case<TypeParam>(random_case(g, 16, 8, 1280, 16, true), "seed=" + std::to_string(seed));
+  check_case<TypeParam>(random_case(g, 17, 8, 1280, 16, true), "seed=" + std::to_string(seed));
+  {
+    AlignCase c = random_case(g, 16, 8, 1280, 16, true);
+    for (auto& sl : c.slots) sl = -1;
+    check_case<TypeParam>(c, "128 pairs, every slot -1");
+  }
+  check_case<TypeParam>(same_expert_case(16, 8, 70, 16, 69), "128 pairs in one bucket");
+  check_case<TypeParam>(same_expert_case(16, 8, 70, 256, -1), "128 pairs, all invalid");
   for (int64_t numel : {4095, 4096, 4097, 8191, 8192, 8193, 12289})
     for (int64_t V : {3, 600}) {
       check_case<TypeParam>(random_case(g, numel, 1, V, 16, false), "seed=" + std::to_string(seed));

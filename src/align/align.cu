@@ -13,7 +13,10 @@
 // its slice with the sentinel / -1. No used position can lie at or past
 // X = numel + min(V, numel) * (B - 1), so the CTAs whose slice starts below X (and CTA 0) also sort
 // all the pairs themselves and, after a __syncthreads, write the pairs and block experts that fall
-// in their own slice. CTAs never exchange data, so one launch suffices.
+// in their own slice. CTAs never exchange data, so one launch suffices. Up to 64 pairs (128 where
+// V >= 4096) the sort is replaced by counting (count_pairs): each pair's rank, bucket size and
+// bucket block offset from comparing its bucket with every other pair's in shared memory, the same
+// numbers.
 //
 // Three launches, prefill sizes: the pairs are cut into C slices of 4096, the experts into R ranges
 // of 512.
@@ -195,7 +198,67 @@ struct SmallParams {
   int numel, block_shift, ibits, end_bit;
 };
 
-template <int ITEMS>
+// Up to kCountPairs pairs the one-launch kernel finds each pair's place by counting instead of
+// sorting: every pair compares its bucket with every other pair's in shared memory (O(numel) per
+// thread). For a few dozen pairs that is a short loop, where the radix sort's passes and the two
+// block scans are each a chain of barriers across 512 threads. Measured (H100, bench_align, k=8;
+// bench/NOTES.md "align v0.4"): 8 pairs 4.8-6.5 -> 2.6-3.0 us per call; 128 pairs equal at
+// V <= 1024 (+0.05 us; 3 radix passes), faster at V = 8192 and 65536 (5.7 -> 5.1, 6.6 -> 5.2 us;
+// 4-5 passes). So: counting up to kCountPairsFewBits pairs, and up to kCountPairs where V takes
+// 13 bits or more (V >= 4096).
+constexpr int kCountPairs = 128;
+constexpr int kCountPairsFewBits = 64;
+
+// Pairs [0, numel) (numel <= kCountPairs), pair i in thread i: its key (v << ibits | i, or kNoKey
+// when it goes to no bucket), its rank in its bucket, at its bucket's last pair the bucket's
+// blocks (else 0), its bucket's block offset (the blocks of every bucket below it), the total
+// blocks, and the drop counts (thread 0: invalid | no_adapter << 16). Exactly what the sorting
+// path gives each sorted pair, so the stores below are the same.
+struct Counted {
+  uint32_t key;
+  int rank, blocks, offset, total, drops;
+};
+__device__ Counted count_pairs(const SmallParams& p) {
+  __shared__ int s_v[kCountPairs];   // each pair's bucket (< 0: none)
+  __shared__ int s_hb[kCountPairs];  // at a bucket's first pair: its blocks, else 0
+  __shared__ int s_drops;
+  const int i = static_cast<int>(threadIdx.x), n = p.numel;
+  int v = -3;  // (no pair)
+  if (i < n) v = vid_of(p.ids, i);
+  if (i == 0) s_drops = 0;
+  if (i < n) s_v[i] = v;
+  __syncthreads();
+  if (v == -1 || v == -2) atomicAdd(&s_drops, v == -1 ? 1 : 1 << 16);
+  int cnt = 0, rank = 0;
+  if (v >= 0) {
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {
+      const bool same = s_v[j] == v;
+      cnt += same;
+      rank += same && j < i;
+    }
+  }
+  const int blocks = v >= 0 ? (cnt + (1 << p.block_shift) - 1) >> p.block_shift : 0;
+  if (i < n) s_hb[i] = rank == 0 ? blocks : 0;
+  __syncthreads();
+  Counted c;
+  c.offset = 0, c.total = 0;
+  if (i < n || i == 0) {
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {
+      const int b = s_hb[j];
+      c.total += b;
+      c.offset += s_v[j] < v ? b : 0;  // (pairs without a bucket hold b = 0)
+    }
+  }
+  c.key = v >= 0 ? (static_cast<uint32_t>(v) << p.ibits) | static_cast<uint32_t>(i) : kNoKey;
+  c.rank = rank;
+  c.blocks = v >= 0 && rank == cnt - 1 ? blocks : 0;
+  c.drops = s_drops;  // (every atomicAdd came before the barrier above)
+  return c;
+}
+
+template <int ITEMS, bool COUNT>
 __global__ void __launch_bounds__(kThreads) molora_align_small(SmallParams p) {
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * p.slice;
   const int64_t p1 = imin64(p0 + p.slice, p.sorted_len);
@@ -205,34 +268,47 @@ __global__ void __launch_bounds__(kThreads) molora_align_small(SmallParams p) {
   fill_i32(p.expert_ids + b0, b1 - b0, -1, threadIdx.x, kThreads);
   if (blockIdx.x != 0 && p0 >= p.layout_end) return;
 
-  __shared__ SortStorage<ITEMS> sm;
-  Sorted<ITEMS> s;
-  sort_pairs<ITEMS>(p.ids, 0, p.numel, p.ibits, p.end_bit, nullptr, sm, s);
-  // Block offset of each pair's bucket: exclusive sum of the bucket block counts at their tails.
-  int blocks[ITEMS], offset[ITEMS], total = 0;
+  uint32_t key[ITEMS];
+  int rank[ITEMS], blocks[ITEMS], offset[ITEMS], total = 0;
+  if constexpr (COUNT) {
+    static_assert(ITEMS == 1 && kCountPairs <= kThreads, "one pair per thread");
+    // (Its barriers order this CTA's sentinel stores above before its pairs.)
+    const Counted c = count_pairs(p);
+    key[0] = c.key, rank[0] = c.rank, blocks[0] = c.blocks, offset[0] = c.offset;
+    total = c.total;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_dropped != nullptr) {
+      p.num_dropped[0] = c.drops & 0xffff;
+      p.num_dropped[1] = c.drops >> 16;
+    }
+  } else {
+    __shared__ SortStorage<ITEMS> sm;
+    Sorted<ITEMS> s;
+    sort_pairs<ITEMS>(p.ids, 0, p.numel, p.ibits, p.end_bit, nullptr, sm, s);
+    // Block offset of each pair's bucket: exclusive sum of the bucket block counts at their
+    // tails.
 #pragma unroll
-  for (int j = 0; j < ITEMS; ++j)
-    blocks[j] = (s.count[j] + (1 << p.block_shift) - 1) >> p.block_shift;
-  cub::BlockScan<int, kThreads>(sm.tmp.scan).ExclusiveSum(blocks, offset, total);
-  // The fill above and the scan's barriers order this CTA's sentinel stores before its pairs.
-  __syncthreads();
+    for (int j = 0; j < ITEMS; ++j) {
+      key[j] = s.key[j], rank[j] = s.rank[j];
+      blocks[j] = (s.count[j] + (1 << p.block_shift) - 1) >> p.block_shift;
+    }
+    cub::BlockScan<int, kThreads>(sm.tmp.scan).ExclusiveSum(blocks, offset, total);
+    // The fill above and the scan's barriers order this CTA's sentinel stores before its pairs.
+    __syncthreads();
+    if (blockIdx.x == 0 && p.num_dropped != nullptr) write_drops<ITEMS>(s.drops, sm, p.num_dropped);
+  }
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
-    const uint32_t key = s.key[j];
-    if (key == kNoKey) continue;
-    const int64_t pos = (static_cast<int64_t>(offset[j]) << p.block_shift) + s.rank[j];
+    if (key[j] == kNoKey) continue;
+    const int64_t pos = (static_cast<int64_t>(offset[j]) << p.block_shift) + rank[j];
     if (pos >= p0 && pos < p1)
-      p.sorted_token_ids[pos] = static_cast<int32_t>(key & ((1u << p.ibits) - 1u));
+      p.sorted_token_ids[pos] = static_cast<int32_t>(key[j] & ((1u << p.ibits) - 1u));
     if (blocks[j] > 0) {  // last pair of its bucket: the bucket's blocks in this slice
-      const int v = static_cast<int>(key >> p.ibits);
+      const int v = static_cast<int>(key[j] >> p.ibits);
       const int64_t lo = imax64(offset[j], b0), hi = imin64(offset[j] + blocks[j], b1);
       for (int64_t b = lo; b < hi; ++b) p.expert_ids[b] = v;
     }
   }
-  if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) p.num_tokens_post_pad[0] = total << p.block_shift;
-    if (p.num_dropped != nullptr) write_drops<ITEMS>(s.drops, sm, p.num_dropped);
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.num_tokens_post_pad[0] = total << p.block_shift;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,12 +532,14 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     sp.ibits = std::max(1, bit_length(numel - 1));
     sp.end_bit = sp.ibits + bit_length(V);
     const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
-    if (numel <= kThreads)
-      molora_align_small<1><<<grid, kThreads, 0, stream>>>(sp);
+    if (numel <= kCountPairsFewBits || (numel <= kCountPairs && bit_length(V) > 12))
+      molora_align_small<1, true><<<grid, kThreads, 0, stream>>>(sp);
+    else if (numel <= kThreads)
+      molora_align_small<1, false><<<grid, kThreads, 0, stream>>>(sp);
     else if (numel <= 4 * kThreads)
-      molora_align_small<4><<<grid, kThreads, 0, stream>>>(sp);
+      molora_align_small<4, false><<<grid, kThreads, 0, stream>>>(sp);
     else
-      molora_align_small<8><<<grid, kThreads, 0, stream>>>(sp);
+      molora_align_small<8, false><<<grid, kThreads, 0, stream>>>(sp);
     MOLORA_CUDA_CHECK(cudaGetLastError());
     return Status::Ok();
   }
