@@ -308,9 +308,10 @@ TYPED_TEST_P(AlignContract, SlotsFormVirtualIds) {
   check_case<TypeParam>(c, "slots");
 }
 
-// The CUDA path places up to 64 pairs (128 where V >= 4096) by counting and sorts more (one pair
-// per thread up to 512, then 4 and 8), switches from one launch to three past 4,096 pairs and
-// slices the pairs by 4,096: sizes on each side of each, with buckets that span slices.
+// The CUDA path places up to 128 pairs by counting (32, 16, 8 or 4 threads per pair as the count
+// doubles) and sorts more (one pair per thread up to 512, then 4 and 8), switches from one launch
+// to three past 4,096 pairs and slices the pairs by 4,096: sizes on each side of each, with buckets
+// that span slices.
 TYPED_TEST_P(AlignContract, PathAndSliceBoundaries) {
   MOLORA_ALIGN_BACKEND_SKIP();
   const uint64_t seed = fresh_seed();

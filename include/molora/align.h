@@ -87,8 +87,8 @@ struct AlignArgs {
 Status moe_align_check(const AlignArgs& args, bool cuda_path);
 
 // CUDA path: one launch on `stream` for numel <= 4096 (each CTA fills its slice of the outputs and,
-// where the slice can hold used positions, sorts all pairs itself; up to 64 pairs, 128 where
-// V >= 4096, it places them by counting instead of sorting), three otherwise (per-slice sort
+// where the slice can hold used positions, sorts all pairs itself; up to 128 pairs it places
+// them by counting instead of sorting), three otherwise (per-slice sort
 // and counts + fill, per-range scan, scatter); no host synchronisation, no allocation,
 // capturable. Unavailable without CUDA. docs/align.md has the design and the measured numbers.
 Status moe_align_block_size(const AlignArgs& args, cudaStream_t stream);

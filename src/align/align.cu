@@ -13,10 +13,9 @@
 // its slice with the sentinel / -1. No used position can lie at or past
 // X = numel + min(V, numel) * (B - 1), so the CTAs whose slice starts below X (and CTA 0) also sort
 // all the pairs themselves and, after a __syncthreads, write the pairs and block experts that fall
-// in their own slice. CTAs never exchange data, so one launch suffices. Up to 64 pairs (128 where
-// V >= 4096) the sort is replaced by counting (count_pairs): each pair's rank, bucket size and
-// bucket block offset from comparing its bucket with every other pair's in shared memory, the same
-// numbers.
+// in their own slice. CTAs never exchange data, so one launch suffices. Up to 128 pairs the sort
+// is replaced by counting (count_pairs): each pair's rank, bucket size and bucket block offset
+// from comparing its bucket with every other pair's in shared memory, the same numbers.
 //
 // Three launches, prefill sizes: the pairs are cut into C slices of 4096, the experts into R ranges
 // of 512.
@@ -196,24 +195,26 @@ struct SmallParams {
   int64_t slice;         // P: positions per CTA, a multiple of B
   int64_t layout_end;    // X: no used position at or past it
   int numel, block_shift, ibits, end_bit;
+  int count_shift;  // counting path: log2 of the threads per pair (count_pairs)
 };
 
 // Up to kCountPairs pairs the one-launch kernel finds each pair's place by counting instead of
-// sorting: every pair compares its bucket with every other pair's in shared memory (O(numel) per
-// thread). For a few dozen pairs that is a short loop, where the radix sort's passes and the two
-// block scans are each a chain of barriers across 512 threads. Measured (H100, bench_align, k=8;
-// bench/NOTES.md "align v0.4"): 8 pairs 4.8-6.5 -> 2.6-3.0 us per call; 128 pairs equal at
-// V <= 1024 (+0.05 us; 3 radix passes), faster at V = 8192 and 65536 (5.7 -> 5.1, 6.6 -> 5.2 us;
-// 4-5 passes). So: counting up to kCountPairsFewBits pairs, and up to kCountPairs where V takes
-// 13 bits or more (V >= 4096).
+// sorting: every pair compares its bucket with every other pair's in shared memory. For up to a
+// hundred pairs that is a short loop, where the radix sort's passes and the two block scans are
+// each a chain of barriers across 512 threads. Measured (H100, bench_align, k=8, µs per call;
+// bench/NOTES.md "align v0.4"): sorting -> counting with one thread per pair -> counting with
+// 512 / numel threads per pair (this code): 8 pairs 4.8-6.5 -> 2.6-3.0 -> 2.8-3.6; 128 pairs
+// 4.8-6.6 -> 4.8-5.3 -> 4.0-4.8.
 constexpr int kCountPairs = 128;
-constexpr int kCountPairsFewBits = 64;
 
-// Pairs [0, numel) (numel <= kCountPairs), pair i in thread i: its key (v << ibits | i, or kNoKey
-// when it goes to no bucket), its rank in its bucket, at its bucket's last pair the bucket's
-// blocks (else 0), its bucket's block offset (the blocks of every bucket below it), the total
-// blocks, and the drop counts (thread 0: invalid | no_adapter << 16). Exactly what the sorting
-// path gives each sorted pair, so the stores below are the same.
+// Pairs [0, numel) (numel <= kCountPairs): pair i's key (v << ibits | i, or kNoKey when it goes to
+// no bucket), its rank in its bucket, at its bucket's last pair the bucket's blocks (else 0), its
+// bucket's block offset (the blocks of every bucket below it), the total blocks, and the drop
+// counts (invalid | no_adapter << 16): exactly what the sorting path gives each sorted pair, so
+// the stores after it are the same. Pair i is counted by the G = 2^count_shift threads
+// [i*G, (i+1)*G) of one warp (G = min(32, 512 / numel rounded up to a power of two)), each taking
+// every G-th other pair, their sums added with shuffles; the group's first thread returns the
+// pair (the others return kNoKey), thread 0 the total and the drops.
 struct Counted {
   uint32_t key;
   int rank, blocks, offset, total, drops;
@@ -222,38 +223,50 @@ __device__ Counted count_pairs(const SmallParams& p) {
   __shared__ int s_v[kCountPairs];   // each pair's bucket (< 0: none)
   __shared__ int s_hb[kCountPairs];  // at a bucket's first pair: its blocks, else 0
   __shared__ int s_drops;
-  const int i = static_cast<int>(threadIdx.x), n = p.numel;
-  int v = -3;  // (no pair)
-  if (i < n) v = vid_of(p.ids, i);
-  if (i == 0) s_drops = 0;
-  if (i < n) s_v[i] = v;
+  const int t = static_cast<int>(threadIdx.x), n = p.numel;
+  const int G = 1 << p.count_shift, i = t >> p.count_shift, sub = t & (G - 1);
+  if (t == 0) s_drops = 0;
+  int vt = -3;  // pair t's bucket (-3: no pair t)
+  if (t < n) vt = vid_of(p.ids, t), s_v[t] = vt;
   __syncthreads();
-  if (v == -1 || v == -2) atomicAdd(&s_drops, v == -1 ? 1 : 1 << 16);
+  if (vt == -1 || vt == -2) atomicAdd(&s_drops, vt == -1 ? 1 : 1 << 16);
+  const int v = i < n ? s_v[i] : -3;
   int cnt = 0, rank = 0;
   if (v >= 0) {
 #pragma unroll 4
-    for (int j = 0; j < n; ++j) {
+    for (int j = sub; j < n; j += G) {
       const bool same = s_v[j] == v;
       cnt += same;
       rank += same && j < i;
     }
   }
+  for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32, the groups are warp-aligned)
+    cnt += __shfl_xor_sync(~0u, cnt, o);
+    rank += __shfl_xor_sync(~0u, rank, o);
+  }
   const int blocks = v >= 0 ? (cnt + (1 << p.block_shift) - 1) >> p.block_shift : 0;
-  if (i < n) s_hb[i] = rank == 0 ? blocks : 0;
+  if (sub == 0 && i < n) s_hb[i] = rank == 0 ? blocks : 0;
   __syncthreads();
-  Counted c;
-  c.offset = 0, c.total = 0;
-  if (i < n || i == 0) {
+  int offset = 0, total = 0;
+  if (i < n) {
 #pragma unroll 4
-    for (int j = 0; j < n; ++j) {
+    for (int j = sub; j < n; j += G) {
       const int b = s_hb[j];
-      c.total += b;
-      c.offset += s_v[j] < v ? b : 0;  // (pairs without a bucket hold b = 0)
+      total += b;
+      offset += s_v[j] < v ? b : 0;  // (pairs without a bucket hold b = 0)
     }
   }
-  c.key = v >= 0 ? (static_cast<uint32_t>(v) << p.ibits) | static_cast<uint32_t>(i) : kNoKey;
+  for (int o = G >> 1; o > 0; o >>= 1) {
+    offset += __shfl_xor_sync(~0u, offset, o);
+    total += __shfl_xor_sync(~0u, total, o);
+  }
+  Counted c;
+  const bool mine = sub == 0 && v >= 0;
+  c.key = mine ? (static_cast<uint32_t>(v) << p.ibits) | static_cast<uint32_t>(i) : kNoKey;
   c.rank = rank;
-  c.blocks = v >= 0 && rank == cnt - 1 ? blocks : 0;
+  c.blocks = mine && rank == cnt - 1 ? blocks : 0;
+  c.offset = offset;
+  c.total = total;    // (thread 0: group 0 summed every pair's)
   c.drops = s_drops;  // (every atomicAdd came before the barrier above)
   return c;
 }
@@ -532,7 +545,12 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     sp.ibits = std::max(1, bit_length(numel - 1));
     sp.end_bit = sp.ibits + bit_length(V);
     const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
-    if (numel <= kCountPairsFewBits || (numel <= kCountPairs && bit_length(V) > 12))
+    {  // threads per pair of the counting path: 512 / numel rounded up to a power of two, <= 32
+      int np2 = 1;
+      while (np2 < numel) np2 <<= 1;
+      sp.count_shift = bit_length(std::max(1, std::min(32, kThreads / np2))) - 1;
+    }
+    if (numel <= kCountPairs)
       molora_align_small<1, true><<<grid, kThreads, 0, stream>>>(sp);
     else if (numel <= kThreads)
       molora_align_small<1, false><<<grid, kThreads, 0, stream>>>(sp);
