@@ -46,6 +46,15 @@ if(MOLORA_BUILD_CLI)
     bench lora --shape N6144_r32_V160x8 --weight-copies 257)
   molora_add_output_test(lora_cli_bench_help_weight_copies_default_auto
     "--weight-copies INT.*default 0: one per rotating routing" bench lora --help)
+  # --routing align: the align kernel, then the aligned call; not with --layers / --timeline.
+  molora_add_output_test(lora_cli_bench_help_lists_routing_align
+    "--routing TEXT.*align: the align kernel" bench lora --help)
+  molora_add_exit_test(lora_cli_bench_bad_routing_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --routing sorted)
+  molora_add_exit_test(lora_cli_bench_align_with_layers_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --routing align --layers 4)
+  molora_add_exit_test(lora_cli_bench_align_with_timeline_exits_2 2
+    bench lora --shape N6144_r32_V160x8 --routing align --timeline)
   molora_add_output_test(lora_cli_bench_help_lists_chain_and_layers
     "chain: shrink -> expand pairs.*delta: the same pairs as one moe_delta call.*--layers INT"
     bench lora --help)

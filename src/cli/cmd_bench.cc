@@ -80,6 +80,12 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
     molora::Status st;
     if (!shape->empty()) {
       const bool pair = *op == "chain" || *op == "delta" || *op == "delta-after";
+      if (*routing == "align" && (*layers > 0 || *timeline)) {  // (both time the lora call alone)
+        std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
+                  << " times the lora call alone; it does not take --routing align\n";
+        exit_code = 2;
+        return;
+      }
       if (pair && (*layers > 0 || *timeline)) {  // (both time one op)
         std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
                   << " times one op; it does not take --op " << *op << "\n";
