@@ -11,6 +11,11 @@ Shapes (N and K named explicitly; never swapped):
 
 numpy arrays (and CPU torch tensors) run the fp64 CPU reference; CUDA tensors run the kernels
 on ``stream`` (default: torch's current stream). Pairs with slot -1 are left untouched.
+
+Which routing: with plain routing in hand, pass it as is for one or a few tokens; from about
+32 tokens, align it first (``molora.moe_align_block_size(topk_ids, S * E, 16,
+slot_ids=slot_ids, num_base_experts=E)``) and pass the aligned layout, which is faster even
+with the align kernel counted (docs/lora.md "Routing input" has the measured table).
 """
 from __future__ import annotations
 

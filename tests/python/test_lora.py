@@ -287,6 +287,25 @@ def test_cpu_moe_delta_is_shrink_then_expand():
     assert (y2 == y_want).all()
 
 
+def test_plain_routing_through_molora_align_is_the_plain_result():
+    # The module docstring's advice for plain routing from ~32 tokens: molora's own align (slot
+    # ids, V = S*E, block 16), then the aligned call. Same bits as the plain call, and the align
+    # output is the layout the reference helper builds.
+    T, k, S, E = 40, 3, 3, 5
+    x, A, B, topk, slot, ranks, scales = make(T=T, k=k, S=S, E=E, r_max=16, K=40, N=24)
+    y0 = np.random.default_rng(SEED + 2).uniform(-1, 1, (topk.size, B.shape[2])).astype(np.float16)
+    y_plain = molora.lora_moe_delta(x, A, B, y0.copy(), topk, slot, ranks=ranks, scales=scales)
+    srt, eids, ntpp = molora.moe_align_block_size(topk, S * E, 16, slot_ids=slot,
+                                                  num_base_experts=E)
+    want = align(topk, slot, S, E, 16)
+    assert (srt == want[0]).all() and (eids == want[1]).all() and int(ntpp[0]) == int(want[2][0])
+    y = molora.lora_moe_delta(x, A, B, y0.copy(), ranks=ranks, scales=scales,
+                              sorted_token_ids=srt, expert_ids=eids, num_tokens_post_pad=ntpp,
+                              block_size=16, top_k=k)
+    assert (y == y_plain).all()
+    assert not (y == y0).all()  # (some token has an adapter: the call changed y)
+
+
 def test_cpu_moe_delta_errors_write_nothing():
     x, A, B, topk, slot, ranks, scales = make()
     t = np.zeros((topk.size, A.shape[2]), np.float16)
