@@ -545,11 +545,9 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     sp.ibits = std::max(1, bit_length(numel - 1));
     sp.end_bit = sp.ibits + bit_length(V);
     const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
-    {  // threads per pair of the counting path: 512 / numel rounded up to a power of two, <= 32
-      int np2 = 1;
-      while (np2 < numel) np2 <<= 1;
-      sp.count_shift = bit_length(std::max(1, std::min(32, kThreads / np2))) - 1;
-    }
+    // Threads per pair of the counting path: 512 / numel rounded up to a power of two, 1 to 32
+    // (numel rounds up to 2^bit_length(numel - 1)).
+    sp.count_shift = std::clamp(bit_length(kThreads) - 1 - bit_length(numel - 1), 0, 5);
     if (numel <= kCountPairs)
       molora_align_small<1, true><<<grid, kThreads, 0, stream>>>(sp);
     else if (numel <= kThreads)
