@@ -80,15 +80,12 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
     molora::Status st;
     if (!shape->empty()) {
       const bool pair = *op == "chain" || *op == "delta" || *op == "delta-after";
-      if (*routing == "align" && (*layers > 0 || *timeline)) {  // (both time the lora call alone)
+      const bool align = *routing == "align";
+      if ((pair || align) && (*layers > 0 || *timeline)) {  // (both time one lora call alone)
         std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
-                  << " times the lora call alone; it does not take --routing align\n";
-        exit_code = 2;
-        return;
-      }
-      if (pair && (*layers > 0 || *timeline)) {  // (both time one op)
-        std::cerr << "molora bench lora: " << (*layers > 0 ? "--layers" : "--timeline")
-                  << " times one op; it does not take --op " << *op << "\n";
+                  << (align ? " times the lora call alone; it does not take --routing align"
+                            : " times one op; it does not take --op " + *op)
+                  << "\n";
         exit_code = 2;
         return;
       }
@@ -99,7 +96,7 @@ molora::cli::Registrar reg(20, [](CLI::App& app, int& exit_code) {
       c.after_delta = *op == "delta-after";
       c.routing = *routing == "plain" ? molora::lora::RoutingKind::kPlain
                                       : molora::lora::RoutingKind::kAligned;
-      c.align_first = *routing == "align";
+      c.align_first = align;
       c.kernel = *kernel;
       c.none_frac = *none;
       c.mixed_ranks = *mixed;

@@ -435,7 +435,9 @@ Status run_case(const Case& c, double copy_gbps, Result* out) {
     MOLORA_RETURN_IF_ERROR(upload("slot", h.slot, i, size_t(c.T), &b));
     rts[i].topk_ids = a;
     rts[i].slot_ids = b;
-    if (c.routing == RoutingKind::kAligned) {
+    // (align_first: the calls read the device's align output instead; the host layout stays in
+    // h, for the check against it)
+    if (c.routing == RoutingKind::kAligned && !c.align_first) {
       int32_t *s = nullptr, *e = nullptr, *n = nullptr;
       MOLORA_RETURN_IF_ERROR(upload("sorted", h.sorted, i, size_t(pb.sorted_len), &s));
       MOLORA_RETURN_IF_ERROR(upload("eids", h.eids, i, size_t(cdiv(pb.sorted_len, c.block)), &e));
