@@ -109,16 +109,23 @@ void check_plan_runs(const Data& d, DevData& g, const Plan& pl, const std::vecto
   EXPECT_EQ(g.out.get(), got) << "second run differs";
 }
 
+// Whether the stream kernel takes c's routing: aligned with blocks of <= 32 pairs, or plain up to
+// 2048 pairs and 65,536 virtual experts (each CTA groups the pairs itself).
+bool stream_takes(const Case& c) {
+  if (c.routing == RoutingKind::kAligned) return c.block <= 32;
+  return int64_t(c.T) * c.k <= 2048 && int64_t(c.S) * c.E <= 65536;
+}
+
 // Runs one case on the GPU and checks it: the default plan, the grid kernel, the stream kernel
-// where it applies (aligned, block <= 32; expand also at tiles of 32 and 96 rows), and the grid
-// kernel at each forced tile given.
+// where it applies (stream_takes; expand also at tiles of 32 and 96 rows), and the grid kernel
+// at each forced tile given.
 void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0}) {
   SCOPED_TRACE(c.name());
   Data d = make_data(c, rng);
   std::vector<uint16_t> ref = run_cpu(d);
   DevData g(d);
   std::vector<std::pair<std::string, int>> runs = {{"", 0}, {"grid", 0}};
-  const bool stream_ok = c.routing == RoutingKind::kAligned && c.block <= 32;
+  const bool stream_ok = stream_takes(c);
   if (stream_ok) runs.push_back({"stream", 0});
   for (int tile : tiles)
     if (tile > 0) runs.push_back({"grid", tile});
@@ -139,6 +146,12 @@ void check_case(const Case& c, std::mt19937_64& rng, std::vector<int> tiles = {0
     }
     if (!stream_ok) {
       EXPECT_EQ(pl.kernel, "grid");
+    }
+    if (pl.kernel == "stream") {
+      EXPECT_EQ(
+          pl.variant.find(c.routing == RoutingKind::kPlain ? ".plain-stream." : ".aligned-stream."),
+          pl.variant.find('.'))
+          << pl.variant;
     }
     ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
   }
@@ -350,7 +363,8 @@ TEST(LoraGpu, LargestPairCount) {
 // Plain routing on the grid kernel with many items per CTA: every slot -1, half the tokens
 // without adapter, one in 64 with one (and the last: a CTA's look at the items ahead finds
 // none, looks again, then jumps far), or most with one, from T=1 to P = 2400 pairs, on the
-// default grid and on a 1-SM plan (a few CTAs, each walking thousands of items).
+// default grid and on a 1-SM plan (a few CTAs, each walking thousands of items). The same on
+// the stream kernel up to its 2048 plain pairs (1 SM: one CTA groups and runs every task).
 TEST(LoraGpu, PlainRoutingBatches) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -373,16 +387,20 @@ TEST(LoraGpu, PlainRoutingBatches) {
           Data d = make_data(c, rng);
           const std::vector<uint16_t> ref = run_cpu(d);
           DevData g(d);
-          Plan pl;
-          PlanOptions o;
-          o.kernel = "grid";
-          o.sm_count = sms;
-          ASSERT_TRUE(plan(d.pb, &pl, o).ok());
-          // (1 SM: a few CTAs, so each walks P x chunks / grid items)
-          if (sms == 1) {
-            EXPECT_LE(pl.grid, 4) << pl.to_string();
+          for (const char* kernel : {"grid", "stream"}) {
+            if (std::string(kernel) == "stream" && !stream_takes(c)) continue;
+            SCOPED_TRACE(kernel);
+            Plan pl;
+            PlanOptions o;
+            o.kernel = kernel;
+            o.sm_count = sms;
+            ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+            // (1 SM: a few CTAs, so each walks P x chunks / grid items; stream: one CTA)
+            if (sms == 1) {
+              EXPECT_LE(pl.grid, 4) << pl.to_string();
+            }
+            ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
           }
-          ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pl, ref));
         }
 }
 
@@ -432,8 +450,7 @@ TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
           if (rank0) std::fill(d.ranks.begin(), d.ranks.end(), 0);
           ASSERT_EQ(run_cpu(d), d.out);  // (the reference moves nothing either)
           DevData g(d);
-          std::vector<std::string> kernels = {"", "grid"};
-          if (rk == RoutingKind::kAligned) kernels.push_back("stream");
+          std::vector<std::string> kernels = {"", "grid", "stream"};
           for (const std::string& kernel : kernels) {
             SCOPED_TRACE("kernel '" + kernel + "'");
             Plan pl;
@@ -951,6 +968,15 @@ TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
   bad.slot[0] = c.S;       // slot >= S
   bad.topk[c.k + 1] = -3;  // expert < 0
   DevData g(bad);
+  // The plain routing's stream kernel (which groups the ids itself) skips them alike.
+  Plan sp;
+  PlanOptions so;
+  so.kernel = "stream";
+  ASSERT_TRUE(plan(bad.pb, &sp, so).ok());
+  ASSERT_TRUE(run_gpu(bad, g, &sp, nullptr).ok());
+  CK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got_stream = g.out.get();
+  g.out.set(bad.out);
   ASSERT_TRUE(run_gpu(bad, g, nullptr, nullptr).ok());
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> got = g.out.get();
@@ -962,4 +988,66 @@ TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
     EXPECT_EQ(got[n], d.out[n]);  // pair 0 untouched
     EXPECT_EQ(got[(c.k + 1) * c.dim + n], d.out[(c.k + 1) * c.dim + n]);
   }
+  // Every other pair as the reference (pair k + 1's row: left as it was), on both kernels.
+  std::vector<uint16_t> ref2 = ref;
+  for (int64_t n = 0; n < c.dim; ++n) ref2[(c.k + 1) * c.dim + n] = d.out[(c.k + 1) * c.dim + n];
+  for (const std::vector<uint16_t>* out :
+       {&static_cast<const std::vector<uint16_t>&>(got), &got_stream}) {
+    const Err e = compare(ok, *out, ref2, d.out);
+    EXPECT_LE(e.rel, tolerance(c.dt));
+    EXPECT_EQ(e.untouched_changed, 0);
+    EXPECT_EQ(e.nonfinite, 0);
+  }
+}
+
+// Plain routing on the stream kernel groups the pairs as the align output does at blocks of 32
+// (the same groups, members and tasks), so it must give the aligned stream call's bits exactly:
+// Zipf slots, one slot (groups past 32 members, split), half and all without adapter, distinct
+// slots, T = 1 to 256 (2048 pairs, the most it takes), both ways of grouping (P <= 32: one warp
+// sorts; P = 33 and up: the tables) and both indexings of the tables (V <= 2048 directly; V =
+// 2560 and 65,536 through the bitmap), S = 256 (> the 64 slots cached in shared memory), a key of
+// 16 pairs at P = 16, both ops, bf16 (fp16 at T = 1, 8 and 64), against the reference too.
+TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
+  MOLORA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  struct Sh {
+    int T, k, S, E, r;
+    int64_t dim;
+    SlotMode sm;
+  };
+  const Sh shapes[] = {
+      {1, 8, 8, 160, 32, 1536, SlotMode::kZipf},     {8, 8, 8, 160, 32, 1536, SlotMode::kZipf},
+      {64, 8, 8, 160, 32, 1032, SlotMode::kZipf},    {256, 8, 8, 160, 16, 520, SlotMode::kZipf},
+      {100, 2, 1, 3, 32, 264, SlotMode::kOne},       {64, 8, 8, 160, 32, 1032, SlotMode::kHalfNone},
+      {64, 8, 8, 160, 32, 1032, SlotMode::kAllNone}, {33, 3, 40, 16, 64, 136, SlotMode::kDistinct},
+      {4, 8, 256, 256, 8, 64, SlotMode::kZipf},      {255, 8, 4, 64, 128, 136, SlotMode::kSparse},
+      {11, 3, 4, 16, 32, 264, SlotMode::kZipf},      {40, 8, 40, 64, 16, 136, SlotMode::kZipf},
+      {16, 1, 1, 1, 32, 264, SlotMode::kOne},
+  };
+  for (Op op : {Op::kShrink, Op::kExpand})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (const Sh& sh : shapes) {
+        // fp16: one shape of each way of grouping (the kernels' arithmetic is tested above)
+        if (dt == DType::kF16 && sh.T != 1 && sh.T != 8 && sh.T != 64) continue;
+        Case c;
+        c.op = op, c.dt = dt, c.routing = RoutingKind::kAligned, c.block = 32;
+        c.T = sh.T, c.k = sh.k, c.S = sh.S, c.E = sh.E, c.r_max = sh.r, c.dim = sh.dim;
+        c.slots = sh.sm;
+        SCOPED_TRACE(c.name());
+        Data d = make_data(c, rng);
+        const std::vector<uint16_t> ref = run_cpu(d);
+        DevData g(d);
+        PlanOptions o;
+        o.kernel = "stream";
+        Plan pa, pp;
+        ASSERT_TRUE(plan(d.pb, &pa, o).ok());
+        ASSERT_NO_FATAL_FAILURE(check_plan_runs(d, g, pa, ref));
+        const std::vector<uint16_t> aligned_bits = g.out.get();
+        Data dp = d;
+        dp.pb.routing = RoutingKind::kPlain, dp.pb.block_size = 0, dp.pb.sorted_len = 0;
+        ASSERT_TRUE(plan(dp.pb, &pp, o).ok());
+        EXPECT_NE(pp.variant.find(".plain-stream."), std::string::npos) << pp.variant;
+        ASSERT_NO_FATAL_FAILURE(check_plan_runs(dp, g, pp, ref));
+        EXPECT_EQ(g.out.get(), aligned_bits) << "plain stream differs from aligned stream";
+      }
 }

@@ -367,6 +367,9 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   o.config_path = "none";
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");  // the planner's choice for 512 plain pairs
+  o.kernel = "grid";                                  // (the grid kernel's fields below)
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.source, "heuristic");
   EXPECT_EQ(pl.variant, "expand.plain-grouped.bf16");
   EXPECT_EQ(pl.chunks, molora::cdiv(6144, pl.tile));
@@ -392,6 +395,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   pb.routing = RoutingKind::kAligned;
   pb.block_size = 16;
   pb.sorted_len = 512 + 1280 * 15;
+  o.kernel.clear();
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "expand.aligned-stream.bf16");  // the planner's choice here
   EXPECT_EQ(pl.groups, molora::cdiv(pb.sorted_len, 16));
@@ -546,9 +550,14 @@ TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
   ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
   EXPECT_FALSE(d.expand.early_inputs);
   molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
-  Problem plain = pb;  // plain routing: the grid kernels
+  Problem plain = pb;  // plain routing, 512 pairs: the stream kernels, the expand reads early
   plain.routing = RoutingKind::kPlain, plain.block_size = 0, plain.sorted_len = 0;
   ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
+  EXPECT_EQ(d.expand.variant, "expand.plain-stream.bf16");
+  EXPECT_TRUE(d.expand.early_inputs);
+  plain.num_tokens = 8;  // 64 pairs: the grid kernels, nothing read early
+  ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
+  EXPECT_EQ(d.expand.kernel, "grid");
   EXPECT_FALSE(d.expand.early_inputs);
   // Errors: the expand's N, an expand problem, no output.
   Status st = plan_delta(pb, 12, &d, o);
@@ -700,10 +709,53 @@ TEST(LoraPlan, StreamKernelChoice) {
   st = plan(pb, &pl, o);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("block_size"), std::string::npos) << st.message();
+  // Plain routing: the stream kernel groups the pairs itself up to 2048 pairs and V = 65536.
   pb.routing = RoutingKind::kPlain;
   pb.block_size = 0;
   pb.sorted_len = 0;
-  EXPECT_FALSE(plan(pb, &pl, o).ok());
+  st = plan(pb, &pl, o);  // P = 512
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.variant, "shrink.plain-stream.bf16");
+  EXPECT_EQ(pl.groups, 512);  // at most one group per pair
+  EXPECT_EQ(pl.group_cap, 2048);
+  EXPECT_EQ(pl.stages, 2);
+  EXPECT_LE(pl.smem_bytes, 227u * 1024);
+  {
+    PlanOptions d = o;  // the planner's default for plain routing: stream from 128 pairs
+    d.kernel.clear();
+    ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
+    EXPECT_EQ(pl.kernel, "stream");
+    Problem q = pb;
+    q.num_tokens = 16;  // P = 128
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "stream");
+    q.num_tokens = 15;  // P = 120
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q.op = Op::kExpand, q.N = 4096, q.K = 0;
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q.num_tokens = 16;
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");
+  }
+  Problem big = pb;
+  big.num_tokens = 257;  // P = 2056 > 2048
+  st = plan(big, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("plain routing with num_tokens * top_k <= 2048"), std::string::npos)
+      << st.message();
+  big.num_tokens = 256;  // P = 2048: the largest
+  ASSERT_TRUE(plan(big, &pl, o).ok());
+  EXPECT_EQ(pl.variant, "shrink.plain-stream.bf16");
+  big.num_slots = 410;  // V = 410 * 160 = 65600 > 65536
+  st = plan(big, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("num_slots * num_experts <= 65536"), std::string::npos)
+      << st.message();
+  big.num_slots = 409;  // V = 65440
+  EXPECT_TRUE(plan(big, &pl, o).ok());
   o.kernel = "fast";
   st = plan(pb, &pl, o);
   EXPECT_FALSE(st.ok());
@@ -712,28 +764,54 @@ TEST(LoraPlan, StreamKernelChoice) {
 
 // Every stream shape the settings accept fits the 227 KiB the kernels ask for, with barriers
 // and partial sums aligned; one stage more than the maximum is refused.
+// Plain routing (its groups and the grouping's scratch): the same, and the scratch either lies
+// inside the stages (nothing else there) or after everything else.
 TEST(LoraPlan, StreamLayoutFitsEveryAcceptedShape) {
   namespace d = molora::lora::detail;
-  for (Op op : {Op::kExpand, Op::kShrink})
-    for (int c = 1; c <= d::stream_max_consumers(op); ++c) {
-      const int threads = d::stream_threads(op, c), smax = d::stream_max_stages(op, c);
-      EXPECT_EQ(d::stream_consumers_of(op, threads), c);
-      if (smax < 2) {
-        EXPECT_FALSE(d::stream_shape_ok(op, threads, 2)) << c;
-        continue;
+  for (bool plain : {false, true})
+    for (Op op : {Op::kExpand, Op::kShrink})
+      for (int c = 1; c <= d::stream_max_consumers(op); ++c) {
+        const int threads = d::stream_threads(op, c), smax = d::stream_max_stages(op, c, plain);
+        EXPECT_EQ(d::stream_consumers_of(op, threads), c);
+        if (smax < 2) {
+          EXPECT_FALSE(d::stream_shape_ok(op, threads, 2, plain)) << c;
+          continue;
+        }
+        for (int st = 2; st <= smax; ++st) {
+          ASSERT_TRUE(d::stream_shape_ok(op, threads, st, plain)) << c << " " << st;
+          const d::StreamLayout l = d::stream_layout(op, st, c, plain);
+          EXPECT_LE(l.total, 227u * 1024) << c << " " << st;
+          EXPECT_EQ(l.full % 8, 0u);
+          EXPECT_EQ(l.ready % 8, 0u);
+          EXPECT_EQ(l.part % 8, 0u);
+          const size_t stage_area =
+              static_cast<size_t>(st) * (op == Op::kExpand ? 1 : c) * d::stream_stage_bytes(op);
+          EXPECT_GE(l.full, stage_area);
+          if (!plain) {
+            EXPECT_EQ(l.pmem, 0u);
+            continue;
+          }
+          const size_t after_part = l.part + (op == Op::kExpand ? 0 : c * 1024u);
+          EXPECT_GE(l.pmem, after_part);
+          EXPECT_EQ(l.pgv, l.pmem + 2 * 2048);
+          EXPECT_EQ(l.pgs, l.pgv + 2 * 2048);
+          EXPECT_EQ(l.pgs % 16, 0u);
+          const int warps = op == Op::kExpand ? c + 1 : c;
+          const size_t need = d::plain_scratch(warps).end;
+          EXPECT_GE(need, 2u * 2048 * warps);  // per-warp counts of every pair at least
+          if (l.scratch == 0) {
+            EXPECT_LE(need, stage_area) << c << " " << st;
+          } else {
+            EXPECT_GE(l.scratch, l.pgs + 2 * 2049) << c << " " << st;
+            EXPECT_EQ(l.scratch % 16, 0u);
+            EXPECT_EQ(l.scratch + need, l.total) << c << " " << st;
+          }
+        }
+        EXPECT_FALSE(d::stream_shape_ok(op, threads, smax + 1, plain)) << c;
       }
-      for (int st = 2; st <= smax; ++st) {
-        ASSERT_TRUE(d::stream_shape_ok(op, threads, st)) << c << " " << st;
-        const d::StreamLayout l = d::stream_layout(op, st, c);
-        EXPECT_LE(l.total, 227u * 1024) << c << " " << st;
-        EXPECT_EQ(l.full % 8, 0u);
-        EXPECT_EQ(l.ready % 8, 0u);
-        EXPECT_EQ(l.part % 8, 0u);
-        EXPECT_GE(l.full, static_cast<size_t>(st) * (op == Op::kExpand ? 1 : c) *
-                              d::stream_stage_bytes(op));
-      }
-      EXPECT_FALSE(d::stream_shape_ok(op, threads, smax + 1)) << c;
-    }
+  // The defaults hold with plain routing: expand 12 stages, shrink 2 per warp.
+  EXPECT_GE(d::stream_max_stages(Op::kExpand, 11, true), 12);
+  EXPECT_GE(d::stream_max_stages(Op::kShrink, 12, true), 2);
   EXPECT_FALSE(d::stream_shape_ok(Op::kShrink, d::stream_threads(Op::kShrink, 13), 2));
   EXPECT_FALSE(d::stream_shape_ok(Op::kExpand, d::stream_threads(Op::kExpand, 12), 2));
 }
@@ -743,6 +821,7 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
+  o.kernel = "grid";  // (plain routing from 128 pairs takes the stream kernel by default)
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_LT(pl.tile, 8);  // 8 groups only: split rows across warps to reach every SM
@@ -777,6 +856,7 @@ TEST(LoraPlan, GridHeuristicTakesTheTunersTiles) {
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
+  o.kernel = "grid";  // (plain routing from 128 pairs takes the stream kernel by default)
   struct Case {
     Op op;
     int T, experts, r, dim, tile;
@@ -828,6 +908,7 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = path;
+  o.kernel = "grid";  // (the entries are the grid kernel's)
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.source, "tuned:" + path);
@@ -956,13 +1037,14 @@ TEST(LoraPlan, CheckPlanRefusesPlansTheKernelsCannotRun) {
   for (Op op : {Op::kShrink, Op::kExpand})
     for (int64_t T : {1, 8, 64, 600})
       for (int routing = 0; routing < 2; ++routing)
-        for (const char* kernel : {"", "grid"}) {
+        for (const char* kernel : {"", "grid", "stream"}) {
           Problem pb = problem(op, T, 160, 32, 2048);
           if (routing == 1) {
             pb.routing = RoutingKind::kAligned;
             pb.block_size = 16;
             pb.sorted_len = T * 8 + 1280 * 15;
           }
+          if (std::string(kernel) == "stream" && routing == 0 && T * 8 > 2048) continue;
           PlanOptions k = o;
           k.kernel = kernel;
           Plan pl;
@@ -989,8 +1071,18 @@ TEST(LoraPlan, CheckPlanRefusesPlansTheKernelsCannotRun) {
   refused(pb, q, "chunks");
   q = base, q.kernel = "fast";
   refused(pb, q, "grid or stream");
-  q = base, q.kernel = "stream";
-  refused(pb, q, "aligned routing");
+  q = base, q.kernel = "stream";  // a grid plan's threads and stages on the stream kernel
+  refused(pb, q, "not a shape the kernel takes");
+  {
+    Problem big = problem(Op::kShrink, 300, 160, 32, 2048);  // P = 2400: past plain streaming
+    Plan sp;
+    ASSERT_TRUE(plan(problem(Op::kShrink, 256, 160, 32, 2048), &sp, PlanOptions{o}).ok());
+    PlanOptions so = o;
+    so.kernel = "stream";
+    ASSERT_TRUE(plan(problem(Op::kShrink, 256, 160, 32, 2048), &sp, so).ok());
+    sp.groups = 2400, sp.max_items = 2400 * sp.chunks;
+    refused(big, sp, "plain routing with num_tokens * top_k <= 2048");
+  }
   {
     Problem big = problem(Op::kShrink, 600, 160, 32, 2048);  // P = 4800: pairs, not grouped
     Plan pb_plan;

@@ -603,21 +603,26 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
       double max_xc_small[2] = {0, 0}, max_xc_large[2] = {0, 0};
       // Plain, aligned (the planner's kernel) and, for comparison in the same run, aligned
       // on each kernel forced (all-adapter rows only): al-grid, al-strm; and (full table) the
-      // align kernel + the aligned call, what a caller holding plain routing pays: al+align.
-      for (int variant = 0; variant < (quick ? 4 : 5); ++variant)
+      // align kernel + the aligned call, what a caller holding plain routing pays: al+align;
+      // and plain routing on each kernel forced (full table): pl-grid, pl-strm (the stream
+      // kernel grouping the pairs itself).
+      for (int variant = 0; variant < (quick ? 4 : 7); ++variant)
         for (int T : Ts)
           for (double none : {0.0, 0.5, 1.0}) {
-            const RoutingKind rk = variant == 0 ? RoutingKind::kPlain : RoutingKind::kAligned;
-            if ((variant == 2 || variant == 3) && none != 0.0) continue;
+            const RoutingKind rk =
+                variant == 0 || variant >= 5 ? RoutingKind::kPlain : RoutingKind::kAligned;
+            if ((variant == 2 || variant == 3 || variant == 5) && none != 0.0) continue;
             const char* label = variant == 0   ? "plain"
                                 : variant == 1 ? "aligned"
                                 : variant == 2 ? "al-grid"
                                 : variant == 3 ? "al-strm"
-                                               : "al+align";
+                                : variant == 4 ? "al+align"
+                                : variant == 5 ? "pl-grid"
+                                               : "pl-strm";
             Case c;
             c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
-            if (variant == 2) c.kernel = "grid";
-            if (variant == 3) c.kernel = "stream";
+            if (variant == 2 || variant == 5) c.kernel = "grid";
+            if (variant == 3 || variant == 6) c.kernel = "stream";
             c.align_first = variant == 4;
             Result r;
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
@@ -705,21 +710,23 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         int from_t = 0;  // the smallest T from which align + aligned is faster at every T
         double min_pct_al = 1e9;
         for (int T : Ts) {
-          std::ostringstream kp, kl;
+          std::ostringstream kp, kl, ks;
           kp << op_name(op) << sh.name << T << 0.0 << "plain";
           kl << op_name(op) << sh.name << T << 0.0 << "al+align";
-          const double up = t_at[kp.str()], ul = t_at[kl.str()];
-          char cell[64];
-          std::snprintf(cell, sizeof cell, "%sT=%d %.2f / %.2f", per_t.empty() ? "" : ", ", T, up,
-                        ul);
+          ks << op_name(op) << sh.name << T << 0.0 << "pl-strm";
+          const double up = t_at[kp.str()], ul = t_at[kl.str()], us = t_at[ks.str()];
+          char cell[96];
+          std::snprintf(cell, sizeof cell, "%sT=%d %.2f / %.2f / %.2f", per_t.empty() ? "" : ", ",
+                        T, up, ul, us);
           per_t += cell;
           if (ul < up && from_t == 0) from_t = T;
           if (ul >= up) from_t = 0;
           if (T >= 32) min_pct_al = std::min(min_pct_al, pct_at[kl.str()]);
         }
         std::snprintf(line, sizeof line,
-                      "SUMMARY lora %s %s plain routing's caller, us, the plain kernel / align "
-                      "kernel + aligned call: %s; align + aligned faster from T=%s; T>=32 min "
+                      "SUMMARY lora %s %s plain routing's caller, us, the plain kernel (planner) / "
+                      "align kernel + aligned call / plain on the stream kernel: %s; align + "
+                      "aligned faster than the plain kernel from T=%s; T>=32 min "
                       "%.1f%% of copy bandwidth (the lora call's bytes; not a target line)",
                       op_name(op), sh.name.c_str(), per_t.c_str(),
                       from_t ? std::to_string(from_t).c_str() : "(none)", min_pct_al);

@@ -98,6 +98,9 @@ struct Timeline {
   // start, us (0 without a clock).
   double clock_ghz = 0;
   double c_wait = 0, c_known = 0, c_issue = 0, c_land = 0, c_first_done = 0, c_end = 0;
+  // Plain routing on the stream kernels: the grouping's steps (plain_build's marks j < 8), mean
+  // us after the CTA's start by its clock; 0 where no CTA has the mark.
+  double c_build[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   double probe_us = 0;  // time per call with the probe on (run_case)
 };
 // Fails (InvalidArgument) on a size mismatch, fewer than 2 calls or an unwritten record.

@@ -71,7 +71,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
         cyc += double(r[14] - r[8]), ns += double(r[6] - r[0]);
     }
   const double ghz = ns > 0 ? cyc / ns : 0;
-  std::vector<double> c_wait, c_known, c_issue, c_land, c_first_done, c_end;
+  std::vector<double> c_wait, c_known, c_issue, c_land, c_first_done, c_end, c_build[8];
   // Each statistic per call, then its median over the calls.
   std::vector<double> start_min, start_med, wait_med, wait_max, known_med, issue_med, issue_max,
       land_med, land_max, first_done_med, end_min, end_med, end_max, tasks_mean, busiest;
@@ -115,6 +115,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
       c_land.push_back(mean_after(4));
       c_first_done.push_back(mean_after(5));
       c_end.push_back(mean_after(6));
+      for (int j = 0; j < 8; ++j) c_build[j].push_back(mean_after(8 + j));
     }
     std::sort(starts.begin(), starts.end());
     for (size_t j = 1; j < starts.size(); ++j) {
@@ -155,6 +156,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
   t.clock_ghz = ghz;
   t.c_wait = median(c_wait), t.c_known = median(c_known), t.c_issue = median(c_issue);
   t.c_land = median(c_land), t.c_first_done = median(c_first_done), t.c_end = median(c_end);
+  for (int j = 0; j < 8; ++j) t.c_build[j] = median(c_build[j]);
   *out = t;
   return Status::Ok();
 }
@@ -183,6 +185,14 @@ std::string format_timeline(const Timeline& t) {
                 static_cast<long long>(t.timer_step_ns), t.probe_us, t.clock_ghz, t.c_wait,
                 t.c_known, t.c_issue, t.c_land, t.c_first_done, t.c_end);
   std::string o = b;
+  if (t.c_build[7] > 0) {  // plain routing: the grouping's steps
+    std::snprintf(b, sizeof(b),
+                  "    plain grouping, mean us after the CTA's start: entry %.3f, keys %.3f, "
+                  "index %.3f, ranks %.3f, scan %.3f, counts %.3f, placed %.3f, done %.3f\n",
+                  t.c_build[0], t.c_build[1], t.c_build[2], t.c_build[3], t.c_build[4],
+                  t.c_build[5], t.c_build[6], t.c_build[7]);
+    o += b;
+  }
   if (t.clock_ghz <= 0)  // (the line above then holds zeros)
     o += "    (no CTA ran 2 us or more: no clock estimate)\n";
   return o;

@@ -101,6 +101,10 @@ constexpr int kExpandMembers = 8;
 // valid. `who` names the caller in the error.
 Status validate_delta(const char* who, const Problem& pb, int64_t N);
 
+// Whether the stream kernel takes pb's routing (aligned with block_size <= kStreamMaxBlock, or
+// plain within stream_plain_ok), and the error that says what it takes.
+bool stream_routing_ok(const Problem& pb);
+std::string stream_routing_error();
 // The planner's rule for a work item's tile (and the grid kernel's unroll): "" when the kernel
 // takes them, else why not. plan() applies it to tuned and forced values alike.
 std::string tile_rule_error(const Problem& pb, bool stream, int64_t tile, int64_t unroll);
@@ -125,7 +129,8 @@ constexpr int kThreads = 256;
 // Dynamic shared memory of a launch (the member list of one group).
 size_t smem_bytes(int mode, int64_t P, int block);
 
-// The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock.
+// The stream kernel (lora_stream.cu): aligned routing with block size <= kStreamMaxBlock, or
+// plain routing within stream_plain_ok (below).
 // Expand: consumer warps plus one producer warp that fills a shared ring of stages. Shrink: every
 // warp feeds its own ring (no producer warp; see lora_stream.cuh). The arithmetic runs on tensor
 // cores. A CTA takes up to stream_max_consumers(op) consumer warps; the planner's default is
@@ -157,14 +162,100 @@ constexpr int kStreamShrinkPartBytes = (kStreamMaxBlock / 8) * 32 * 2 * 4 + 8;
 constexpr int stream_stage_bytes(Op op) {
   return op == Op::kExpand ? kStreamStageBytes : kStreamShrinkRows * kStreamShrinkKc * 2;
 }
+// Plain routing (topk_ids, slot_ids) on the stream kernels: every CTA groups the call's pairs
+// by virtual expert itself, in shared memory (plain_build, lora_stream.cuh), into the groups the
+// align output would hold at block size kStreamMaxBlock (same order, same members), so the rest
+// of the kernel runs as on aligned routing. Up to kStreamPlainPairs pairs and V = S * E <=
+// kStreamPlainMaxV (pair ids and virtual experts are kept as 16-bit words); past either, plain
+// routing takes the grid kernel.
+constexpr int kStreamPlainPairs = 2048;
+constexpr int kStreamPlainMaxV = 65536;
+inline bool stream_plain_ok(int64_t P, int64_t V) {
+  return P <= kStreamPlainPairs && V <= kStreamPlainMaxV;
+}
+// The grouping's scratch tables (byte offsets from the scratch's start) for a CTA of `warps`
+// warps: a bitmap of the virtual experts present and its words' prefix counts, each pair's
+// virtual expert, dense index and rank inside its warp's segment, the per-expert counts and their
+// scan, the block scan's warp totals, and the per-warp counts (warps x kStreamPlainPairs 16-bit
+// words). It overlaps the stages where they are large enough (nothing is copied into them
+// before the grouping is done), else it follows the rest of the layout.
+struct PlainScratch {
+  size_t bm, wpre, key, dix, rl, cnt, scan, wtot, cntw, end;
+};
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline PlainScratch
+    plain_scratch(int warps) {
+  PlainScratch s{};
+  size_t o = 0;
+  s.bm = o, o += 4 * (kStreamPlainMaxV / 32);
+  s.wpre = o, o += 4 * (kStreamPlainMaxV / 32);
+  s.key = o, o += 4 * kStreamPlainPairs;
+  s.dix = o, o += 2 * kStreamPlainPairs;
+  s.rl = o, o += 2 * kStreamPlainPairs;
+  s.cnt = o, o += 4 * kStreamPlainPairs;
+  s.scan = o, o += 4 * kStreamPlainPairs;
+  s.wtot = o, o += 4 * 64;
+  s.cntw = o, o += 2 * static_cast<size_t>(kStreamPlainPairs) * (warps > 0 ? warps : 1);
+  s.end = o;
+  return s;
+}
+// Shared-memory layout of one stream CTA (byte offsets; stages first). Expand: `stages` stages
+// and their full/empty barriers, the producer's issued counter. Shrink: `stages` stages and full
+// barriers per consumer warp (warp w's at index w * stages). Plain routing (`plain`) adds the
+// groups (pmem: the member pair ids, pgv: each group's virtual expert, pgs: each group's first
+// member, kStreamPlainPairs + 1 entries) and the grouping's scratch (PlainScratch).
+struct StreamLayout {
+  int stages;
+  size_t full, empty, issued, ids, rank, scale, ready, part, pmem, pgv, pgs, scratch, total;
+};
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline StreamLayout
+    stream_layout(Op op, int stages, int consumers, bool plain = false) {
+  StreamLayout l{};
+  l.stages = stages;
+  const size_t n = static_cast<size_t>(stages) * (op == Op::kExpand ? 1 : consumers);
+  const size_t stage_area = n * stream_stage_bytes(op);
+  size_t o = stage_area;
+  l.full = o, o += 8 * n;
+  l.empty = o, o += op == Op::kExpand ? 8 * n : 0;
+  l.issued = o, o += 16;
+  l.ids = o, o += 4 * static_cast<size_t>(stream_max_consumers(op)) * kStreamMaxBlock;
+  l.rank = o, o += 4 * kStreamSlots;
+  l.scale = o, o += 4 * kStreamSlots;
+  const size_t w = op == Op::kExpand ? 0 : static_cast<size_t>(consumers);
+  l.ready = o, o += 8 * w;
+  l.part = o, o += (kStreamShrinkPartBytes - 8) * w;
+  l.pmem = l.pgv = l.pgs = l.scratch = 0;
+  if (plain) {
+    o = (o + 15) / 16 * 16;
+    l.pmem = o, o += 2 * static_cast<size_t>(kStreamPlainPairs);
+    l.pgv = o, o += 2 * static_cast<size_t>(kStreamPlainPairs);
+    l.pgs = o, o += (2 * static_cast<size_t>(kStreamPlainPairs + 1) + 15) / 16 * 16;
+    const int warps = op == Op::kExpand ? consumers + 1 : consumers;
+    const size_t need = plain_scratch(warps).end;
+    if (need <= stage_area) {
+      l.scratch = 0;
+    } else {
+      l.scratch = o, o += need;
+    }
+  }
+  l.total = o;
+  return l;
+}
 // Pipeline stages: expand, the shared ring's; shrink, each warp's ring's. The default, and the
-// most that fit in 227 KiB of shared memory with `consumers` consumer warps
-// (MOLORA_LORA_STREAM_STAGES overrides the default within [2, max]).
+// most that fit in 227 KiB of shared memory with `consumers` consumer warps (and, `plain`, the
+// plain routing's groups; MOLORA_LORA_STREAM_STAGES overrides the default within [2, max]).
 inline int stream_stages(Op op) { return op == Op::kExpand ? 12 : 2; }
-inline int stream_max_stages(Op op, int consumers) {
+inline int stream_max_stages(Op op, int consumers, bool plain = false) {
   const int rings = op == Op::kExpand ? 1 : (consumers > 0 ? consumers : 1);
   const int extra = op == Op::kExpand ? 0 : rings * kStreamShrinkPartBytes;
-  return (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
+  int m = (kStreamSmemBytes - 4096 - extra) / (rings * stream_stage_bytes(op));
+  while (plain && m > 0 && stream_layout(op, m, consumers, true).total > kStreamSmemBytes) --m;
+  return m;
 }
 // Expand rows per task: one stage of weights at r_max, at most 512 (r_max is a power of two).
 // (Also the kernels' compile-time tile, ExpandTiles in lora_stream_expand.cuh.)
@@ -180,45 +271,18 @@ __host__ __device__
 inline int stream_consumers_of(Op op, int threads) {
   return threads / 32 - (op == Op::kExpand ? 1 : 0);
 }
-// A stream launch's threads (whole warps: 1..max consumers, plus expand's producer) and stages.
-inline bool stream_shape_ok(Op op, int threads, int stages) {
+// A stream launch's threads (whole warps: 1..max consumers, plus expand's producer) and stages
+// (`plain`: with the plain routing's groups).
+inline bool stream_shape_ok(Op op, int threads, int stages, bool plain = false) {
   const int c = stream_consumers_of(op, threads);
   return threads % 32 == 0 && c >= 1 && c <= stream_max_consumers(op) && stages >= 2 &&
-         stages <= stream_max_stages(op, c);
+         stages <= stream_max_stages(op, c, plain);
 }
 // A stream task's tile: shrink, kStreamShrinkRows rank rows; expand, a multiple of 32 rows that
 // fits one stage at r_max (the kernel's register tiles are sized for that).
 inline bool stream_tile_ok(Op op, int r_max, int tile) {
   return op == Op::kShrink ? tile == kStreamShrinkRows
                            : tile >= 32 && tile % 32 == 0 && tile <= stream_expand_tile(r_max);
-}
-// Shared-memory layout of one stream CTA (byte offsets; stages first). Expand: `stages` stages
-// and their full/empty barriers, the producer's issued counter. Shrink: `stages` stages and full
-// barriers per consumer warp (warp w's at index w * stages).
-struct StreamLayout {
-  int stages;
-  size_t full, empty, issued, ids, rank, scale, ready, part, total;
-};
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline StreamLayout
-    stream_layout(Op op, int stages, int consumers) {
-  StreamLayout l{};
-  l.stages = stages;
-  const size_t n = static_cast<size_t>(stages) * (op == Op::kExpand ? 1 : consumers);
-  size_t o = n * stream_stage_bytes(op);
-  l.full = o, o += 8 * n;
-  l.empty = o, o += op == Op::kExpand ? 8 * n : 0;
-  l.issued = o, o += 16;
-  l.ids = o, o += 4 * static_cast<size_t>(stream_max_consumers(op)) * kStreamMaxBlock;
-  l.rank = o, o += 4 * kStreamSlots;
-  l.scale = o, o += 4 * kStreamSlots;
-  const size_t w = op == Op::kExpand ? 0 : static_cast<size_t>(consumers);
-  l.ready = o, o += 8 * w;
-  l.part = o, o += (kStreamShrinkPartBytes - 8) * w;
-  l.total = o;
-  return l;
 }
 // Launches a stream plan that run() has validated (stream_shape_ok, stream_tile_ok).
 Status launch_stream(Op op, DType dt, const KernelArgs& a, const Plan& plan, cudaStream_t stream);
@@ -241,10 +305,11 @@ void tensor_map_cache_clear();
 // that copy landed (shrink warp 0's lane 0 waits for it before its x loads while tracing,
 // expand consumer 0's first task), 5 the first warp done, 6 the last warp done; word 7 the CTA's
 // grid-stride tasks; words 8 + i the SM's clock64 at event i (i < 7; 0 where the event has
-// none). One process-wide setting, for one thread's use.
+// none); words 16 + j (j < 8) the SM's clock at the plain routing grouping's steps
+// (plain_build; 0 where it has none). One process-wide setting, for one thread's use.
 // The probe is compiled in only with -DMOLORA_LORA_TRACE=ON (stream_trace_built(); else the
 // kernels record nothing and set_stream_trace has no effect).
-constexpr int kTraceWords = 16;
+constexpr int kTraceWords = 24;
 void set_stream_trace(unsigned long long* buf, int64_t words);
 bool stream_trace_built();
 

@@ -189,6 +189,18 @@ size_t smem_bytes(int mode, int64_t P, int block) {
   return static_cast<size_t>(ints + 3) / 4 * 16;
 }
 
+bool stream_routing_ok(const Problem& pb) {
+  if (pb.routing == RoutingKind::kAligned) return pb.block_size <= kStreamMaxBlock;
+  return stream_plain_ok(pb.num_tokens * pb.top_k,
+                         static_cast<int64_t>(pb.num_slots) * pb.num_experts);
+}
+std::string stream_routing_error() {
+  return "the stream kernel needs aligned routing with block_size <= " +
+         std::to_string(kStreamMaxBlock) +
+         ", or plain routing with num_tokens * top_k <= " + std::to_string(kStreamPlainPairs) +
+         " and num_slots * num_experts <= " + std::to_string(kStreamPlainMaxV);
+}
+
 std::string tile_rule_error(const Problem& pb, bool stream, int64_t tile, int64_t unroll) {
   if (stream) {
     if (pb.op == Op::kShrink && !stream_tile_ok(pb.op, pb.r_max, static_cast<int>(tile)))
@@ -215,10 +227,9 @@ Status check_plan(const Problem& pb, const Plan& pl) {
   const bool stream = pl.kernel == "stream";
   if (!stream && pl.kernel != "grid") {
     why = "kernel must be grid or stream, got '" + pl.kernel + "'";
-  } else if (stream && !(aligned && pb.block_size <= kStreamMaxBlock)) {
-    why = "the stream kernel needs aligned routing with block_size <= " +
-          std::to_string(kStreamMaxBlock);
-  } else if (stream && !stream_shape_ok(pb.op, pl.threads, pl.stages)) {
+  } else if (stream && !stream_routing_ok(pb)) {
+    why = stream_routing_error();
+  } else if (stream && !stream_shape_ok(pb.op, pl.threads, pl.stages, !aligned)) {
     why = "stream threads " + std::to_string(pl.threads) + " / stages " +
           std::to_string(pl.stages) + " are not a shape the kernel takes";
   } else if (why = tile_rule_error(pb, stream, pl.tile, pl.unroll); !why.empty()) {
@@ -245,6 +256,9 @@ Status check_plan(const Problem& pb, const Plan& pl) {
                                  " (plan: " + pl.to_string() + ")");
 }
 }  // namespace detail
+
+// Plain routing: pairs from which the planner takes the stream kernel (below).
+constexpr int64_t kPlainStreamFrom = 128;
 
 Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   MOLORA_RETURN_IF_ERROR(validate_problem(pb));
@@ -277,14 +291,21 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // K=2048 keeps the grid kernel below 16 pairs as well. (Since v0.15 both leave at once when
   // they have no task: 1.19 vs 1.20 us, still no reason to move K=2048.)
   std::string kernel = opt.kernel.empty() ? get_setting("MOLORA_LORA_KERNEL") : opt.kernel;
-  const bool stream_ok = aligned && pb.block_size <= detail::kStreamMaxBlock;
+  const bool stream_ok = detail::stream_routing_ok(pb);
   const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
-  if (kernel.empty()) kernel = stream_ok && P >= stream_from ? "stream" : "grid";
+  // Plain routing (v0.21): the stream kernel groups the pairs itself (plain_build), which costs
+  // it 0.7-9 us over the aligned call (T = 1 to 256); the planner takes it for plain routing from
+  // kPlainStreamFrom pairs, both ops. Against the grid kernel on the H100 ("lora v0.21", us):
+  // N6144 expand T=1 4.91 vs 5.05, T=8 12.7 vs 17.4, T=64 56.8 vs 94.8, T=256 138 vs 328; shrink
+  // T=1 7.13 vs 4.94, T=8 15.2 vs 15.2, T=64 57.8 vs 86.3; but at T=8 the grid kernel is faster
+  // on N2048 r16 (both ops) and on the N4096 shrink, and from T=32 the stream kernel on every
+  // seed shape and op.
+  if (kernel.empty())
+    kernel = stream_ok && P >= (aligned ? stream_from : kPlainStreamFrom) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)
-    return Status::InvalidArgument("the stream kernel needs aligned routing with block_size <= " +
-                                   std::to_string(detail::kStreamMaxBlock));
+    return Status::InvalidArgument(detail::stream_routing_error());
   const bool stream = kernel == "stream";
   pl.kernel = kernel;
   pl.threads = detail::kThreads;
@@ -296,18 +317,20 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     pl.threads = detail::stream_threads(pb.op, c);
     pl.stages =
         static_cast<int>(std::min<int64_t>(stg > 0 ? stg : detail::stream_stages(pb.op), 1 << 20));
-    if (cons < 0 || !detail::stream_shape_ok(pb.op, pl.threads, pl.stages))
+    if (cons < 0 || !detail::stream_shape_ok(pb.op, pl.threads, pl.stages, !aligned))
       return Status::InvalidArgument(
           std::string("MOLORA_LORA_STREAM_CONSUMERS / _STAGES must be in [1, ") +
           std::to_string(detail::stream_max_consumers(pb.op)) + "] / [2, " +
           std::to_string(detail::stream_max_stages(
-              pb.op, std::min(std::max(c, 1), detail::stream_max_consumers(pb.op)))) +
+              pb.op, std::min(std::max(c, 1), detail::stream_max_consumers(pb.op)), !aligned)) +
           "]" + (pb.op == Op::kShrink ? " (shrink: stages per consumer warp)" : "") + ", got " +
           std::to_string(cons) + " / " + std::to_string(stg));
   }
-  pl.group_cap = mode == detail::kModeGrouped ? detail::kGroupCap : 0;
+  pl.group_cap = stream && !aligned             ? detail::kStreamPlainPairs
+                 : mode == detail::kModeGrouped ? detail::kGroupCap
+                                                : 0;
   pl.groups = aligned ? cdiv(pb.sorted_len, pb.block_size) : P;
-  const char* mode_name = stream    ? "aligned-stream"
+  const char* mode_name = stream    ? (aligned ? "aligned-stream" : "plain-stream")
                           : aligned ? "aligned"
                                     : (pl.group_cap > 0 ? "plain-grouped" : "plain-pairs");
   pl.variant = std::string(op_name(pb.op)) + "." + mode_name + "." + dtype_name(pb.dtype);
@@ -408,9 +431,9 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                               " work items exceed one grid; use a larger tile");
   if (stream) {
     // One CTA per SM (the stages fill its shared memory), walking tasks grid-stride.
-    pl.smem_bytes =
-        detail::stream_layout(pb.op, pl.stages, detail::stream_consumers_of(pb.op, pl.threads))
-            .total;
+    pl.smem_bytes = detail::stream_layout(pb.op, pl.stages,
+                                          detail::stream_consumers_of(pb.op, pl.threads), !aligned)
+                        .total;
     pl.ctas_per_sm = 1;
     pl.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pl.max_items, sms)));
   } else {

@@ -259,6 +259,17 @@ struct Ctx {
   const float* scale;
   int V, pieces, kc;
   int my_tasks;  // < 2^31: the planner bounds a call's tasks
+  // Plain routing (plain_build): the groups, at smem + poff (StreamLayout::pmem: the member
+  // pair ids group by group, then kStreamPlainPairs words on each group's virtual expert, then
+  // each group's first member, groups + 1 entries); pgroups < 0 on aligned routing. (One 32-bit
+  // offset instead of three pointers: the shrink kernel's registers are full.)
+  uint32_t poff = 0;
+  int pgroups = -1;
+  __device__ __forceinline__ const uint16_t* pmem() const {
+    return reinterpret_cast<const uint16_t*>(smem + poff);
+  }
+  __device__ __forceinline__ const uint16_t* pgv() const { return pmem() + kStreamPlainPairs; }
+  __device__ __forceinline__ const uint16_t* pgs() const { return pmem() + 2 * kStreamPlainPairs; }
 };
 
 __device__ __forceinline__ int rank_of(const Ctx& x, int slot) {
@@ -301,8 +312,11 @@ struct TaskIter {
     lg = static_cast<int>(a.fd_chunks.div(t0)), lc = static_cast<int>(t0 - lg * ch);
     const uint32_t step = 32u * gridDim.x;
     dg = static_cast<int>(a.fd_chunks.div(step)), dc = static_cast<int>(step - dg * ch);
-    if (static_cast<int64_t>(lg + 1) * a.block <= a.sorted_len)  // block lg exists
+    if (x.pgroups >= 0) {
+      pre = lg < x.pgroups ? static_cast<int>(x.pgv()[lg]) : -1;
+    } else if (static_cast<int64_t>(lg + 1) * a.block <= a.sorted_len) {  // block lg exists
       pre = __ldg(a.rt.expert_ids + lg);
+    }
   }
   // Loads the next round's expert ids; false at the end of the CTA's tasks.
   __device__ __forceinline__ bool round() {
@@ -318,7 +332,9 @@ struct TaskIter {
     ve = -1, rk = 0;
     bool ok = false;
     if (l0 + (threadIdx.x & 31) < x.my_tasks) {
-      ve = first ? pre : __ldg(a.rt.expert_ids + lg);
+      ve = first            ? pre
+           : x.pgroups >= 0 ? static_cast<int>(x.pgv()[lg])
+                            : __ldg(a.rt.expert_ids + lg);
       if (ve >= 0 && ve < x.V) {
         rk = rank_of(x, static_cast<int>(a.fd_E.div(static_cast<uint32_t>(ve))));
         ok = rk > 0 && (OP == Op::kExpand || lc * a.tile < rk);
@@ -414,26 +430,346 @@ struct SlotCache {
 };
 
 // The tasks this CTA takes grid-stride: (group, chunk) items of the used blocks of the align
-// output (num_tokens_post_pad, clamped to sorted_len).
-__device__ __forceinline__ int cta_tasks(const KernelArgs& a) {
-  int64_t used = __ldg(a.rt.num_tokens_post_pad);
-  used = max(int64_t{0}, min(used, a.sorted_len));
-  // The planner keeps groups x chunks below 2^31: 32-bit divisions (a 64-bit one is a long
-  // subroutine that every warp runs before its first task).
-  // (Divisions by the launch's constants as multiplies, fastdiv.h: n < 2^31.)
-  const uint32_t groups = used < (int64_t{1} << 31) ? a.fd_block.div(static_cast<uint32_t>(used))
-                                                    : static_cast<uint32_t>(used / a.block);
+// output (num_tokens_post_pad, clamped to sorted_len), or of the plain routing's groups.
+__device__ __forceinline__ int cta_tasks(const Ctx& x) {
+  const KernelArgs& a = *x.a;
+  uint32_t groups;
+  if (x.pgroups >= 0) {
+    groups = static_cast<uint32_t>(x.pgroups);
+  } else {
+    int64_t used = __ldg(a.rt.num_tokens_post_pad);
+    used = max(int64_t{0}, min(used, a.sorted_len));
+    // The planner keeps groups x chunks below 2^31: 32-bit divisions (a 64-bit one is a long
+    // subroutine that every warp runs before its first task).
+    // (Divisions by the launch's constants as multiplies, fastdiv.h: n < 2^31.)
+    groups = used < (int64_t{1} << 31) ? a.fd_block.div(static_cast<uint32_t>(used))
+                                       : static_cast<uint32_t>(used / a.block);
+  }
   const uint32_t n_tasks = groups * static_cast<uint32_t>(a.chunks);
   if (n_tasks <= blockIdx.x) return 0;
   const uint32_t n = n_tasks - blockIdx.x + gridDim.x - 1;
   return static_cast<int>(n < (1u << 31) ? a.fd_grid.div(n) : n / gridDim.x);
 }
-// This lane's entry of block g of the align output (-1 past the block or the used length).
-__device__ __forceinline__ int block_entry(const KernelArgs& a, int64_t g) {
+// This lane's entry of block g of the align output (-1 past the block or the used length), or
+// of plain group g (-1 past its members).
+__device__ __forceinline__ int block_entry(const Ctx& x, int64_t g) {
+  const KernelArgs& a = *x.a;
   const int lane = threadIdx.x & 31;
+  if (x.pgroups >= 0) {
+    const uint16_t* gs = x.pgs();
+    const int s0 = gs[g], n = gs[g + 1] - s0;
+    return lane < n ? static_cast<int>(x.pmem()[s0 + lane]) : -1;
+  }
   const int64_t at = g * a.block + lane;
   return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
 }
+// --- plain routing: the groups, built by every CTA -------------------------------------------
+// Exclusive prefix of v over the CTA's threads in thread order; *total gets the sum (every
+// thread). Two barriers; wtot holds 32 words.
+__device__ __forceinline__ int block_excl_scan(int v, int* wtot, int* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(~0u, inc, o);
+    if (lane >= o) inc += t;
+  }
+  if (lane == 31) wtot[w] = inc;
+  __syncthreads();
+  int base = 0, tot = 0;
+  for (int i = 0; i < nw; ++i) {
+    const int t = wtot[i];
+    base += i < w ? t : 0;
+    tot += t;
+  }
+  __syncthreads();  // (wtot is reused)
+  *total = tot;
+  return base + inc - v;
+}
+// out[i] = the sum of f(j) for j < i, i < n (thread t takes a run of ceil(n / threads) in
+// order); returns the sum of all. Every thread calls it.
+template <typename F>
+__device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
+  const int per = (n + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
+  const int i0 = static_cast<int>(threadIdx.x) * per, i1 = min(n, i0 + per);
+  int sum = 0;
+  for (int i = i0; i < i1; ++i) sum += f(i);
+  int total;
+  int run = block_excl_scan(sum, wtot, &total);
+  for (int i = i0; i < i1; ++i) {
+    const int v = f(i);
+    out[i] = run;
+    run += v;
+  }
+  return total;
+}
+// Groups the call's pairs (plain routing, P <= kStreamPlainPairs, V <= kStreamPlainMaxV) as the
+// align output would at block size kStreamMaxBlock: virtual experts ascending, each one's pairs
+// in ascending pair order, cut into groups of at most kStreamMaxBlock. Pairs without a valid
+// virtual expert (slot -1 or out of range, expert out of range) join none. Every CTA computes
+// the same groups, and the order does not depend on timing (no atomic decides a position), so
+// the tasks are those of the aligned call at that block size, member for member. Whole CTA;
+// returns the number of groups (plain_groups sets x.poff and x.pgroups). Three ways, by size:
+//   P <= 32: warp 0 alone sorts the 32 keys (v << 5 | pair) in registers (a bitonic network of
+//     shuffles); a pair's sorted position is its place, a key's first pair opens its group (a
+//     key holds at most 32 pairs here). One barrier.
+//   P <= kPlainCountPairs (and <= the CTA's threads): counting, as the align kernel's small
+//     path: G = threads / P (a power of two, <= 32) threads per pair compare its v with every
+//     other pair's: its rank among the pairs of its v, their count, and the pairs of smaller v
+//     (its place is their sum); then, with each v's group count at its first pair, the groups of
+//     smaller v (its group). Three barriers. (Quadratic: 1.8 us at 64 pairs, 3.8 at 128.)
+//   else, tables: 1. each pair's virtual expert v (or -1) into key[]; a bitmap of the v present
+//     and its words' prefix counts give each v its dense index d; 2. warp w takes pairs
+//     [w * seg, (w + 1) * seg) 32 at a time: __match_any_sync finds the lanes of equal d, so
+//     each pair gets its rank among the warp's pairs of its d (rl[]), counted in the warp's own
+//     row of cntw; 3. per d: the warps' counts turned into each warp's first rank (warp order),
+//     and a scan of (count, groups) over d gives each d's first member and first group; 4. each
+//     pair lands at its d's first member + its rank, and every 32nd opens a group. Nine barriers.
+// (Measured with the timeline probe's marks on the H100, bench/NOTES.md "lora v0.21", from the
+// kernel's entry to the groups known, the routing loads included: the first form, the tables
+// for every size, ~3 us at T = 1 and 8; the warp sort 0.7 us at T = 1; counting 1.8 us at
+// P = 64 and 3.8 at 128; the tables 5.0 us at P = 512 and 9.0 at 2048, ~1 us of it the loads.)
+constexpr int kPlainCountPairs = 64;
+constexpr int kPlainMaxWarps = 16;  // (a stream CTA has at most 12 warps)
+// The routing and sizes plain_build reads (by value: it is not inlined, see plain_groups).
+struct PlainIn {
+  const int32_t* topk;
+  const int32_t* slot;
+  FastDiv fd_k;
+  int P, S, E, V;
+  unsigned long long* trace;  // the timeline probe's record of this launch (or null)
+};
+__device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t pmem_off,
+                                        uint32_t scratch_off) {
+  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, w = tid >> 5, nw = nt >> 5;
+  uint16_t* mem = reinterpret_cast<uint16_t*>(smem + pmem_off);
+  uint16_t* gv = mem + kStreamPlainPairs;  // (StreamLayout: pgv and pgs follow pmem)
+  uint16_t* gs = mem + 2 * kStreamPlainPairs;
+  uint16_t* n_groups = gs + kStreamPlainPairs + 1;  // (inside pgs's padding)
+  const int P = a.P, V = a.V;
+  // The timeline probe's marks (words 16 + j: the SM's clock at step j, thread 0).
+  auto mark = [&](int j) {
+    if (kTrace && a.trace != nullptr && tid == 0)
+      a.trace[blockIdx.x * kTraceWords + 16 + j] = static_cast<unsigned long long>(clock64());
+  };
+  mark(0);
+  auto key_of = [&](int p) {  // (p < P)
+    const int e = __ldg(a.topk + p);
+    const int s = __ldg(a.slot + a.fd_k.div(static_cast<uint32_t>(p)));
+    return (s >= 0 && s < a.S && e >= 0 && e < a.E) ? s * a.E + e : -1;
+  };
+  if (P <= 32) {
+    if (w == 0) {
+      const int k = lane < P ? key_of(lane) : -1;
+      uint32_t v = k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane) : ~0u;
+#pragma unroll
+      for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+          const uint32_t o = __shfl_xor_sync(~0u, v, stride);
+          const bool up = (lane & size) == 0, low = (lane & stride) == 0;
+          v = (low == up) ? min(v, o) : max(v, o);
+        }
+      const bool valid = v != ~0u;
+      const uint32_t prev = __shfl_up_sync(~0u, v, 1);
+      const bool head = valid && (lane == 0 || (prev >> 5) != (v >> 5));
+      const unsigned heads = __ballot_sync(~0u, head), valids = __ballot_sync(~0u, valid);
+      if (valid) mem[lane] = static_cast<uint16_t>(v & 31u);
+      if (head) {
+        const int g = __popc(heads & ((1u << lane) - 1u));
+        gv[g] = static_cast<uint16_t>(v >> 5);
+        gs[g] = static_cast<uint16_t>(lane);
+      }
+      if (lane == 0) {
+        gs[__popc(heads)] = static_cast<uint16_t>(__popc(valids));
+        *n_groups = static_cast<uint16_t>(__popc(heads));
+      }
+    }
+    __syncthreads();  // (nothing was written into the stages: no proxy fence)
+    mark(7);
+    return *n_groups;
+  }
+  const PlainScratch sc = plain_scratch(nw);
+  uint8_t* base = smem + scratch_off;
+  uint32_t* bm = reinterpret_cast<uint32_t*>(base + sc.bm);
+  int* wpre = reinterpret_cast<int*>(base + sc.wpre);
+  int* key = reinterpret_cast<int*>(base + sc.key);
+  uint16_t* dix = reinterpret_cast<uint16_t*>(base + sc.dix);
+  uint16_t* rl = reinterpret_cast<uint16_t*>(base + sc.rl);
+  int* cnt = reinterpret_cast<int*>(base + sc.cnt);
+  int* scan = reinterpret_cast<int*>(base + sc.scan);
+  int* wtot = reinterpret_cast<int*>(base + sc.wtot);
+  uint16_t* cntw = reinterpret_cast<uint16_t*>(base + sc.cntw);
+  if (P <= kPlainCountPairs && P <= nt) {
+    // Counting. Thread t takes pair i = t / G, every G-th other pair from t % G.
+    int G = 1;
+    while (G < 32 && 2 * G * P <= nt) G *= 2;
+    const int i = tid / G, sub = tid & (G - 1);
+    int* hb = cnt;  // per pair: at a v's first pair, its groups; else 0
+    if (tid < P) key[tid] = key_of(tid);
+    __syncthreads();
+    const int v = i < P ? key[i] : -1;
+    int c = 0, rank = 0, less = 0, valid = 0;
+    for (int j = sub; j < P; j += G) {
+      const int kj = key[j];
+      c += kj == v;
+      rank += kj == v && j < i;
+      less += kj >= 0 && kj < v;
+      valid += kj >= 0;
+    }
+    for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32)
+      c += __shfl_xor_sync(~0u, c, o);
+      rank += __shfl_xor_sync(~0u, rank, o);
+      less += __shfl_xor_sync(~0u, less, o);
+      valid += __shfl_xor_sync(~0u, valid, o);
+    }
+    if (sub == 0 && i < P)
+      hb[i] = v >= 0 && rank == 0 ? (c + kStreamMaxBlock - 1) / kStreamMaxBlock : 0;
+    __syncthreads();
+    mark(3);
+    int goff = 0, groups = 0;
+    for (int j = sub; j < P; j += G) {
+      const int h = hb[j], kj = key[j];
+      goff += kj < v ? h : 0;  // (pairs without a v hold 0)
+      groups += h;
+    }
+    for (int o = G >> 1; o > 0; o >>= 1) {
+      goff += __shfl_xor_sync(~0u, goff, o);
+      groups += __shfl_xor_sync(~0u, groups, o);
+    }
+    if (sub == 0 && i < P && v >= 0) {
+      const int pos = less + rank;
+      mem[pos] = static_cast<uint16_t>(i);
+      if (rank % kStreamMaxBlock == 0) {
+        const int g = goff + rank / kStreamMaxBlock;
+        gv[g] = static_cast<uint16_t>(v);
+        gs[g] = static_cast<uint16_t>(pos);
+      }
+    }
+    if (tid == 0)
+      gs[groups] = static_cast<uint16_t>(valid), *n_groups = static_cast<uint16_t>(groups);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (key, hb: in the stages)
+    __syncthreads();
+    mark(7);
+    return *n_groups;
+  }
+  const int nwords = (V + 31) >> 5;
+  const int seg = ((P + nw - 1) / nw + 31) & ~31;  // pairs per warp in step 2
+  const int nwa = (P + seg - 1) / seg;             // warps holding pairs
+  const int ds = (min(P, V) + 1) & ~1;             // a warp's row of cntw (whole words)
+  for (int i = tid; i < nwa * ds / 2; i += nt) reinterpret_cast<uint32_t*>(cntw)[i] = 0u;
+  for (int i = tid; i < nwords; i += nt) bm[i] = 0u;
+  // 1. (the routing ids of 8 pairs per thread in flight at once)
+  constexpr int kIn = 8;
+  for (int p0 = tid; p0 < P; p0 += kIn * nt) {
+    int k[kIn];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) k[j] = p0 + j * nt < P ? key_of(p0 + j * nt) : -1;
+#pragma unroll
+    for (int j = 0; j < kIn; ++j)
+      if (p0 + j * nt < P) key[p0 + j * nt] = k[j];
+  }
+  __syncthreads();
+  mark(1);
+  for (int p = tid; p < P; p += nt) {
+    const int k = key[p];
+    if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
+  }
+  __syncthreads();
+  const int D = scan_runs(
+      nwords, [&](int i) { return __popc(bm[i]); }, wpre, wtot);
+  __syncthreads();
+  mark(2);
+  // 2.
+  const int p_end = min(P, (w + 1) * seg);
+  for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
+    const int p = p0 + lane;
+    int d = -1;
+    if (p < p_end) {
+      const int k = key[p];
+      if (k >= 0) d = wpre[k >> 5] + __popc(bm[k >> 5] & ((1u << (k & 31)) - 1u));
+    }
+    const unsigned peers = __match_any_sync(~0u, d);
+    const int leader = __ffs(peers) - 1;
+    int b = 0;
+    if (d >= 0 && lane == leader) {
+      b = cntw[w * ds + d];
+      cntw[w * ds + d] = static_cast<uint16_t>(b + __popc(peers));
+    }
+    b = __shfl_sync(~0u, b, leader);
+    if (d >= 0) {
+      dix[p] = static_cast<uint16_t>(d);
+      rl[p] = static_cast<uint16_t>(b + __popc(peers & ((1u << lane) - 1u)));
+    }
+  }
+  __syncthreads();
+  mark(3);
+  // 3. Thread t takes the run [i0, i1) of d: the warps' counts (loaded first, then their
+  // prefixes written), the total into cnt[]; then the block scan of (members << 16 | groups)
+  // (both sums stay below 2^16: P <= 2048) gives scan[].
+  const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
+  int sum = 0;
+  for (int d = i0; d < i1; ++d) {
+    uint32_t c[kPlainMaxWarps];
+#pragma unroll
+    for (int v = 0; v < kPlainMaxWarps; ++v) c[v] = v < nwa ? cntw[v * ds + d] : 0u;
+    uint32_t run = 0;
+#pragma unroll
+    for (int v = 0; v < kPlainMaxWarps; ++v) {
+      if (v < nwa) cntw[v * ds + d] = static_cast<uint16_t>(run);
+      run += c[v];
+    }
+    cnt[d] = static_cast<int>(run);
+    sum += static_cast<int>((run << 16) | ((run + kStreamMaxBlock - 1) / kStreamMaxBlock));
+  }
+  int tot;
+  int ex = block_excl_scan(sum, wtot, &tot);
+  mark(4);
+  for (int d = i0; d < i1; ++d) {
+    const int c = cnt[d];
+    scan[d] = ex;
+    ex += (c << 16) | ((c + kStreamMaxBlock - 1) / kStreamMaxBlock);
+  }
+  __syncthreads();
+  mark(5);
+  // 4.
+  for (int p = tid; p < P; p += nt) {
+    const int k = key[p];
+    if (k < 0) continue;
+    const int d = dix[p];
+    const int r = cntw[(p / seg) * ds + d] + rl[p];
+    const int sd = scan[d], m0 = sd >> 16;
+    mem[m0 + r] = static_cast<uint16_t>(p);
+    if (r % kStreamMaxBlock == 0) {
+      const int g = (sd & 0xffff) + r / kStreamMaxBlock;
+      gv[g] = static_cast<uint16_t>(k);
+      gs[g] = static_cast<uint16_t>(m0 + r);
+    }
+  }
+  const int groups = tot & 0xffff;
+  if (tid == 0) gs[groups] = static_cast<uint16_t>(tot >> 16);
+  mark(6);
+  // The scratch may overlap the stages, which bulk copies (the async proxy) fill next.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  mark(7);
+  return groups;
+}
+// plain_build for the kernel of x, into x.poff and x.pgroups. Not inlined: its tables and loops
+// would otherwise take registers from the shrink kernel's main loop (inlined, the shrink spilled
+// 32-116 bytes; the call costs a save and restore of the kernel's live registers, once).
+__device__ __forceinline__ void plain_groups(Ctx& x) {
+  const KernelArgs& a = *x.a;
+  PlainIn in;
+  in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
+  in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
+  in.trace = a.trace;
+  x.pgroups =
+      plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem), static_cast<uint32_t>(x.L.scratch));
+  x.poff = static_cast<uint32_t>(x.L.pmem);
+}
+
 // Compacts the block's valid pair ids (p: this lane's entry) into ids[], ascending; returns the
 // count. Whole warp.
 __device__ __forceinline__ int compact_members(const KernelArgs& a, int p, int* ids) {

@@ -212,7 +212,9 @@ __device__ void expand_task(const Ctx& x, int vi, int c, int v, int r, int p, in
 // RM: r_max (see expand_task).
 // NFULL: the tile is the stage's rows and N a multiple of it (every seed shape): the consumer
 // of pitch RM runs expand_task's FULL form.
-template <typename T, int RM, bool NFULL>
+// PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
+// aligned kernels carry none of its code or registers.
+template <typename T, int RM, bool NFULL, bool PLAIN>
 __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 1)
     molora_lora_expand(KernelArgs a, int stages, const __grid_constant__ ExpandMaps maps) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   Ctx x;
   x.a = &a;
   x.smem = smem;
-  x.L = stream_layout(Op::kExpand, stages, consumers);
+  x.L = stream_layout(Op::kExpand, stages, consumers, PLAIN);
   x.full = reinterpret_cast<uint64_t*>(smem + x.L.full);
   x.empty = reinterpret_cast<uint64_t*>(smem + x.L.empty);
   x.issued = reinterpret_cast<volatile int*>(smem + x.L.issued);
@@ -243,9 +245,10 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   const bool early = a.early != 0;
   if (!early) pdl_wait();  // the kernel before this one is done (no-op without the attribute)
   if (threadIdx.x == 0) trace_set(a.trace, 1);
-  const SlotCache slots(a, true);  // (ranks and scales in flight beside the loads below)
-  TaskIter<Op::kExpand> it(x);     // (its first expert ids load beside num_tokens_post_pad)
-  x.my_tasks = cta_tasks(a);
+  const SlotCache slots(a, true);        // (ranks and scales in flight beside the loads below)
+  if constexpr (PLAIN) plain_groups(x);  // plain routing: the groups, in shared memory
+  TaskIter<Op::kExpand> it(x);           // (its first expert ids load beside num_tokens_post_pad)
+  x.my_tasks = cta_tasks(x);
   slots.store(a, s_rank, s_scale);
   __syncthreads();
   if (kTrace && threadIdx.x == 0 && a.trace != nullptr) {
@@ -269,11 +272,11 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   auto next_mine = [&](Task& t) { return it.next_of(t, w, a.fd_consumers); };
   Task cur, nxt;
   bool have = next_mine(cur);
-  int p = have ? block_entry(a, cur.g) : -1;
+  int p = have ? block_entry(x, cur.g) : -1;
   if (early) pdl_wait();  // (t and y are read and y written below)
   while (have) {
     const bool have_n = next_mine(nxt);
-    const int pn = have_n ? block_entry(a, nxt.g) : -1;
+    const int pn = have_n ? block_entry(x, nxt.g) : -1;
     // A task the producer copied at the pitch r8 < RM runs the consumer of that pitch (the
     // same arithmetic; t keeps its r_max row pitch).
     if constexpr (RM >= 32) {
@@ -296,11 +299,11 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   trace_done(a.trace);
 }
 
-template <typename T, int RM, bool NFULL>
-Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_expand<T, RM, NFULL>;
+template <typename T, int RM, bool NFULL, bool PLAIN>
+Status launch_expand_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  constexpr auto kern = molora_lora_expand<T, RM, NFULL, PLAIN>;
   const int consumers = stream_consumers_of(Op::kExpand, plan.threads);
-  const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers).total;
+  const size_t smem = stream_layout(Op::kExpand, plan.stages, consumers, PLAIN).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
@@ -310,6 +313,11 @@ Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
                                   static_cast<unsigned>(plan.threads), smem, stream, k, plan.stages,
                                   maps));
   return Status::Ok();
+}
+template <typename T, int RM, bool NFULL>
+Status launch_expand(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return a.aligned ? launch_expand_as<T, RM, NFULL, false>(a, plan, stream)
+                   : launch_expand_as<T, RM, NFULL, true>(a, plan, stream);
 }
 
 }  // namespace

@@ -23,7 +23,9 @@ namespace {
 // KFULL: K is a multiple of the piece (kStreamShrinkKc), so no piece ends past K and the loads
 // and steps of a piece carry no bounds test (a compare and a select per 16-byte vector, ~80 of a
 // piece's ~300 instructions).
-template <typename T, bool KFULL>
+// PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
+// aligned kernels carry none of its code or registers.
+template <typename T, bool KFULL, bool PLAIN>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   Ctx x;
   x.a = &a;
   x.smem = smem;
-  x.L = stream_layout(Op::kShrink, stages, W);
+  x.L = stream_layout(Op::kShrink, stages, W, PLAIN);
   x.full = reinterpret_cast<uint64_t*>(smem + x.L.full);
   x.empty = nullptr;
   x.issued = nullptr;
@@ -68,10 +70,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
   const SlotCache slots(a, false);
+  if constexpr (PLAIN) plain_groups(x);  // plain routing: the groups, in shared memory
   // (three walks below start from copies of it; its first expert ids load beside
   // num_tokens_post_pad)
   const TaskIter<Op::kShrink> walk(x);
-  x.my_tasks = cta_tasks(a);
+  x.my_tasks = cta_tasks(x);
   slots.store(a, s_rank, nullptr);
   __syncthreads();
   if (kTrace && threadIdx.x == 0 && a.trace != nullptr) {
@@ -132,7 +135,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // Issued after the copies, behind every warp's weights in the memory system, their wait was
   // a third of the stall samples at T=8 (ncu), and loading them here made T=8 6.6% faster
   // (bench/NOTES.md "lora v0.11").
-  int p = it_left > 0 ? block_entry(a, it_t.g) : -1;
+  int p = it_left > 0 ? block_entry(x, it_t.g) : -1;
   int it_q = q0;
   int iss_s = 0;  // the stage of the next piece to issue
   auto issue_next = [&]() {
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     u += q_hi - q_lo;
     const bool have_n = u < u1;
     if (have_n) cmp.next(nxt);
-    const int pn = have_n ? block_entry(a, nxt.g) : -1;
+    const int pn = have_n ? block_entry(x, nxt.g) : -1;
     const int count = (a.dbg & 2) ? 0 : compact_members(a, p, ids);
     const int nb = (count + 7) / 8;
     const int r0 = cur.c * kStreamShrinkRows, rows = min(kStreamShrinkRows, cur.r - r0);
@@ -344,11 +347,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   trace_done(a.trace);
 }
 
-template <typename T, bool KFULL>
-Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr auto kern = molora_lora_shrink<T, KFULL>;
+template <typename T, bool KFULL, bool PLAIN>
+Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  constexpr auto kern = molora_lora_shrink<T, KFULL, PLAIN>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
-  const size_t smem = stream_layout(Op::kShrink, plan.stages, warps).total;
+  const size_t smem = stream_layout(Op::kShrink, plan.stages, warps, PLAIN).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
@@ -359,6 +362,11 @@ Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
                                   static_cast<unsigned>(plan.threads), smem, stream, k, plan.stages,
                                   map, use_map));
   return Status::Ok();
+}
+template <typename T, bool KFULL>
+Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return a.aligned ? launch_shrink_as<T, KFULL, false>(a, plan, stream)
+                   : launch_shrink_as<T, KFULL, true>(a, plan, stream);
 }
 
 }  // namespace

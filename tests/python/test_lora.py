@@ -170,7 +170,7 @@ def test_plan_early_inputs_only_when_asked():
 
 def test_plan_reports_grid_bytes_floor():
     p = molora.lora_plan("expand", num_tokens=64, top_k=8, num_slots=8, num_experts=160,
-                         r_max=32, N=6144, config_path="none", sm_count=132)
+                         r_max=32, N=6144, config_path="none", sm_count=132, kernel="grid")
     for key in ("variant", "source", "tile", "grid", "ctas", "bytes", "floor_us", "threads"):
         assert key in p
     assert p["source"] == "heuristic"
@@ -189,6 +189,14 @@ def test_plan_reports_grid_bytes_floor():
     with pytest.raises(ValueError, match="block_size"):
         molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7168, routing="aligned", block_size=64, kernel="stream")
+    # Plain routing on the stream kernel (it groups the pairs itself): up to 2048 pairs.
+    ps = molora.lora_plan("expand", num_tokens=256, top_k=8, num_slots=8, num_experts=160,
+                          r_max=32, N=6144, config_path="none", kernel="stream")
+    assert ps["variant"] == "expand.plain-stream.bf16" and ps["kernel"] == "stream"
+    assert ps["groups"] == 2048 and ps["group_cap"] == 2048
+    with pytest.raises(ValueError, match="num_tokens \\* top_k <= 2048"):
+        molora.lora_plan("expand", num_tokens=257, top_k=8, num_slots=8, num_experts=160,
+                         r_max=32, N=6144, kernel="stream")
     with pytest.raises(ValueError, match="K"):
         molora.lora_plan("shrink", num_tokens=1, top_k=8, num_slots=8, num_experts=256,
                          r_max=32, K=7170)
