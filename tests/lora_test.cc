@@ -555,7 +555,7 @@ TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
   ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
   EXPECT_EQ(d.expand.variant, "expand.plain-stream.bf16");
   EXPECT_TRUE(d.expand.early_inputs);
-  plain.num_tokens = 8;  // 64 pairs: the grid kernels, nothing read early
+  plain.num_tokens = 4;  // 32 pairs: the grid kernels, nothing read early
   ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
   EXPECT_EQ(d.expand.kernel, "grid");
   EXPECT_FALSE(d.expand.early_inputs);
@@ -722,7 +722,9 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_EQ(pl.stages, 2);
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   {
-    PlanOptions d = o;  // the planner's default for plain routing: stream from 128 pairs
+    // The planner's default for plain routing: shrink from 128 pairs; expand from 64 where
+    // N * r_max >= 131072, else from 256.
+    PlanOptions d = o;
     d.kernel.clear();
     ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
     EXPECT_EQ(pl.kernel, "stream");
@@ -733,12 +735,20 @@ TEST(LoraPlan, StreamKernelChoice) {
     q.num_tokens = 15;  // P = 120
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.kernel, "grid");
-    q.op = Op::kExpand, q.N = 4096, q.K = 0;
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.num_tokens = 16;
+    q.op = Op::kExpand, q.N = 4096, q.K = 0, q.r_max = 32;  // 131072
+    q.num_tokens = 8;                                       // P = 64
     ASSERT_TRUE(plan(q, &pl, d).ok());
     EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");
+    q.num_tokens = 7;  // P = 56
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q.N = 2048, q.r_max = 16;  // 32768: from 256 pairs
+    q.num_tokens = 31;
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    q.num_tokens = 32;
+    ASSERT_TRUE(plan(q, &pl, d).ok());
+    EXPECT_EQ(pl.kernel, "stream");
   }
   Problem big = pb;
   big.num_tokens = 257;  // P = 2056 > 2048

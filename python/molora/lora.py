@@ -12,10 +12,12 @@ Shapes (N and K named explicitly; never swapped):
 numpy arrays (and CPU torch tensors) run the fp64 CPU reference; CUDA tensors run the kernels
 on ``stream`` (default: torch's current stream). Pairs with slot -1 are left untouched.
 
-Which routing: with plain routing in hand, pass it as is for one or a few tokens; from about
-32 tokens, align it first (``molora.moe_align_block_size(topk_ids, S * E, 16,
-slot_ids=slot_ids, num_base_experts=E)``) and pass the aligned layout, which is faster even
-with the align kernel counted (docs/lora.md "Routing input" has the measured table).
+Which routing: pass what you hold. With plain routing the planner runs the grid kernel for a
+few tokens and, from 8-32 tokens (by op and shape), the stream kernel, which groups the pairs
+itself: 1.4-2.4x faster than the grid kernel there and 0-15% faster than aligning first
+(``molora.moe_align_block_size``) and passing the aligned layout. An engine that already has
+the aligned layout (one align for the base MoE and the adapters) passes that: it is 0.7-9 us
+faster again (docs/lora.md "Routing input" has the measured table).
 """
 from __future__ import annotations
 
@@ -137,9 +139,11 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               bandwidth_gbps: float = 0.0, sm_count: int = 0, config_path: str = "",
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
     """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" with
-    aligned routing and block_size <= 32 for every expand and for shrink when
-    num_tokens * top_k >= 64, else "grid"; pass ``kernel`` to force one; "stream" needs aligned
-    routing and block_size <= 32),
+    aligned routing and block_size <= 32 for every expand and for shrink from 16 pairs, and with
+    plain routing for shrink from 128 pairs and expand from 64 (256 where N * r_max < 131072),
+    else "grid"; pass ``kernel`` to force one; "stream" needs aligned routing with
+    block_size <= 32 or plain routing with num_tokens * top_k <= 2048 and
+    num_slots * num_experts <= 65536),
     ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
     expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
     ``stages`` (stream: pipeline stages; shrink: per warp), ``chunks``, ``groups``, ``max_items``,

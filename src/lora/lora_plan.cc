@@ -257,9 +257,6 @@ Status check_plan(const Problem& pb, const Plan& pl) {
 }
 }  // namespace detail
 
-// Plain routing: pairs from which the planner takes the stream kernel (below).
-constexpr int64_t kPlainStreamFrom = 128;
-
 Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   MOLORA_RETURN_IF_ERROR(validate_problem(pb));
   if (out == nullptr) return Status::InvalidArgument("plan: out is null");
@@ -294,14 +291,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const bool stream_ok = detail::stream_routing_ok(pb);
   const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
   // Plain routing (v0.21): the stream kernel groups the pairs itself (plain_build), which costs
-  // it 0.7-9 us over the aligned call (T = 1 to 256); the planner takes it for plain routing from
-  // kPlainStreamFrom pairs, both ops. Against the grid kernel on the H100 ("lora v0.21", us):
-  // N6144 expand T=1 4.91 vs 5.05, T=8 12.7 vs 17.4, T=64 56.8 vs 94.8, T=256 138 vs 328; shrink
-  // T=1 7.13 vs 4.94, T=8 15.2 vs 15.2, T=64 57.8 vs 86.3; but at T=8 the grid kernel is faster
-  // on N2048 r16 (both ops) and on the N4096 shrink, and from T=32 the stream kernel on every
-  // seed shape and op.
+  // it 0.7-9 us over the aligned call (T = 1 to 256). The planner takes it for plain routing
+  // where it measured faster than the grid kernel (H100, same run, bench/NOTES.md "lora v0.21"):
+  // shrink from 128 pairs (T=16: 23.4 vs 30.4 us at K=6144, 10.2 vs 11.9 at K=2048; T=8: a tie
+  // at 6144, grid faster at 4096 and 2048); expand from 64 pairs where a virtual expert's weight
+  // has N * r_max >= 131072 elements (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2), else from
+  // 256 (N2048 r16: grid faster at T=8 and 16, 9.26 vs 8.52; stream from T=32, 11.65 vs 14.57).
+  const int64_t plain_from = pb.op == Op::kShrink ? 128 : dim * pb.r_max >= 131072 ? 64 : 256;
   if (kernel.empty())
-    kernel = stream_ok && P >= (aligned ? stream_from : kPlainStreamFrom) ? "stream" : "grid";
+    kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)
