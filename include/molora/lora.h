@@ -70,7 +70,8 @@ struct RoutingStats {
 // What the planner chose for a Problem; the kernels launch exactly this.
 struct Plan {
   std::string variant;    // e.g. "expand.plain-grouped.bf16", "shrink.aligned-stream.f16"
-  std::string kernel;     // "grid" (every routing) or "stream" (aligned, block <= 32)
+  std::string kernel;     // "grid" (every routing) or "stream" (aligned with block <= 32, or
+                          // plain up to 2048 pairs and S * E <= 65536)
   std::string source;     // "heuristic" or "tuned:<config file>"
   int threads = 0;        // threads per CTA
   int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item

@@ -33,7 +33,8 @@ const std::vector<SettingInfo>& registered_settings() {
       {"MOLORA_LORA_CONFIG", "",
        "path of a tuned LoRA config JSON (default: the file for this GPU)"},
       {"MOLORA_LORA_KERNEL", "",
-       "LoRA kernel: empty = the planner's choice, grid or stream (aligned, block <= 32)"},
+       "LoRA kernel: empty = the planner's choice, grid or stream (aligned with block <= 32, or "
+       "plain up to 2048 pairs)"},
       {"MOLORA_LORA_PDL", "",
        "programmatic dependent launch of the LoRA kernels (sm_90: a call's launch overlaps the "
        "kernel before it): empty = where it measured faster (stream kernels, grid expand), 1 = "

@@ -109,7 +109,7 @@ std::string stream_routing_error();
 // takes them, else why not. plan() applies it to tuned and forced values alike.
 std::string tile_rule_error(const Problem& pb, bool stream, int64_t tile, int64_t unroll);
 // A plan passed to shrink / expand / moe_delta must be one the kernels can run for pb: its
-// kernel and shape (stream: aligned, block <= 32, threads and stages the kernel takes), tile and
+// kernel and shape (stream: stream_routing_ok, threads and stages the kernel takes), tile and
 // unroll by the planner's rule, chunks and items of this problem, a grid of at least one CTA,
 // and (grid kernel) the shared memory its member list needs. InvalidArgument "<op> plan does not
 // match the problem: <why> (plan: ...)" otherwise. (Before, a tile off the rule was launched on a
