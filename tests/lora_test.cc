@@ -726,29 +726,26 @@ TEST(LoraPlan, StreamKernelChoice) {
     // N * r_max >= 131072, else from 256.
     PlanOptions d = o;
     d.kernel.clear();
-    ASSERT_TRUE(plan(pb, &pl, d).ok());  // P = 512
-    EXPECT_EQ(pl.kernel, "stream");
-    Problem q = pb;
-    q.num_tokens = 16;  // P = 128
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "stream");
-    q.num_tokens = 15;  // P = 120
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.op = Op::kExpand, q.N = 4096, q.K = 0, q.r_max = 32;  // 131072
-    q.num_tokens = 8;                                       // P = 64
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");
-    q.num_tokens = 7;  // P = 56
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.N = 2048, q.r_max = 16;  // 32768: from 256 pairs
-    q.num_tokens = 31;
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "grid");
-    q.num_tokens = 32;
-    ASSERT_TRUE(plan(q, &pl, d).ok());
-    EXPECT_EQ(pl.kernel, "stream");
+    struct Rule {
+      Op op;
+      int64_t dim;
+      int r_max, T;  // (k = 8)
+      const char* kernel;
+    };
+    const Rule rules[] = {
+        {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 16, "stream"},
+        {Op::kShrink, 6144, 32, 15, "grid"},   {Op::kExpand, 4096, 32, 8, "stream"},
+        {Op::kExpand, 4096, 32, 7, "grid"},    {Op::kExpand, 2048, 16, 31, "grid"},
+        {Op::kExpand, 2048, 16, 32, "stream"},
+    };
+    for (const Rule& r : rules) {
+      Problem q = problem(r.op, r.T, 160, r.r_max, r.dim);
+      ASSERT_TRUE(plan(q, &pl, d).ok());
+      EXPECT_EQ(pl.kernel, r.kernel) << op_name(r.op) << " dim " << r.dim << " T " << r.T;
+      if (pl.kernel == "stream") {
+        EXPECT_EQ(pl.variant, std::string(op_name(r.op)) + ".plain-stream.bf16");
+      }
+    }
   }
   Problem big = pb;
   big.num_tokens = 257;  // P = 2056 > 2048
