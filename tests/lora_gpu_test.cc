@@ -249,7 +249,7 @@ TEST(LoraGpu, StreamKernelEdges) {
 // The stream kernels with the fewest warps (MOLORA_LORA_STREAM_CONSUMERS=1: shrink 32 threads,
 // expand 64): more slots than threads in a shrink CTA, so the shared-memory rank cache is
 // filled past the one slot per thread loaded up front (SlotCache), and exactly one slot per
-// thread in an expand CTA.
+// thread in an expand CTA; and plain routing's grouping with one or two warps.
 TEST(LoraGpu, StreamKernelFewestWarps) {
   MOLORA_SKIP_WITHOUT_GPU();
   const SettingsReset reset{"MOLORA_LORA_STREAM_CONSUMERS"};
@@ -261,6 +261,15 @@ TEST(LoraGpu, StreamKernelFewestWarps) {
       c.op = op, c.routing = RoutingKind::kAligned, c.slots = SlotMode::kDistinct;
       c.T = 48, c.k = 2, c.S = S, c.E = 4, c.r_max = 32, c.dim = 1032, c.block = 8;
       check_case(c, rng);
+      // Plain routing: 96 and 40 pairs, the grouping's tables (shrink: one warp, its scratch past
+      // the stages, which are smaller than it: 1 x 2 stages of 8 KiB; expand: two warps) and,
+      // expand, counting with two warps at 40 pairs; 16 pairs, one warp's sort.
+      c.routing = RoutingKind::kPlain;
+      check_case(c, rng);
+      for (int T : {8, 20}) {
+        c.T = T;
+        check_case(c, rng);
+      }
     }
 }
 
