@@ -606,24 +606,34 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
       // align kernel + the aligned call, what a caller holding plain routing pays: al+align;
       // and plain routing on each kernel forced (full table): pl-grid, pl-strm (the stream
       // kernel grouping the pairs itself).
-      for (int variant = 0; variant < (quick ? 4 : 7); ++variant)
+      struct Variant {
+        const char* label;
+        RoutingKind routing;
+        const char* kernel;  // "" = the planner's
+        bool align_first;
+        bool none_rows;  // also the 50% and 100% no-adapter rows
+      };
+      const Variant variants[] = {
+          {"plain", RoutingKind::kPlain, "", false, true},
+          {"aligned", RoutingKind::kAligned, "", false, true},
+          {"al-grid", RoutingKind::kAligned, "grid", false, false},
+          {"al-strm", RoutingKind::kAligned, "stream", false, false},
+          {"al+align", RoutingKind::kAligned, "", true, true},  // (full table from here)
+          {"pl-grid", RoutingKind::kPlain, "grid", false, false},
+          {"pl-strm", RoutingKind::kPlain, "stream", false, true},
+      };
+      const int n_variants = quick ? 4 : static_cast<int>(sizeof variants / sizeof variants[0]);
+      for (int variant = 0; variant < n_variants; ++variant)
         for (int T : Ts)
           for (double none : {0.0, 0.5, 1.0}) {
-            const RoutingKind rk =
-                variant == 0 || variant >= 5 ? RoutingKind::kPlain : RoutingKind::kAligned;
-            if ((variant == 2 || variant == 3 || variant == 5) && none != 0.0) continue;
-            const char* label = variant == 0   ? "plain"
-                                : variant == 1 ? "aligned"
-                                : variant == 2 ? "al-grid"
-                                : variant == 3 ? "al-strm"
-                                : variant == 4 ? "al+align"
-                                : variant == 5 ? "pl-grid"
-                                               : "pl-strm";
+            const Variant& vr = variants[variant];
+            if (!vr.none_rows && none != 0.0) continue;
+            const RoutingKind rk = vr.routing;
+            const char* label = vr.label;
             Case c;
             c.op = op, c.shape = sh, c.T = T, c.none_frac = none, c.routing = rk;
-            if (variant == 2 || variant == 5) c.kernel = "grid";
-            if (variant == 3 || variant == 6) c.kernel = "stream";
-            c.align_first = variant == 4;
+            c.kernel = vr.kernel;
+            c.align_first = vr.align_first;
             Result r;
             MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
             std::snprintf(line, sizeof line,
