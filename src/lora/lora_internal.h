@@ -205,7 +205,8 @@ __host__ __device__
 // and their full/empty barriers, the producer's issued counter. Shrink: `stages` stages and full
 // barriers per consumer warp (warp w's at index w * stages). Plain routing (`plain`) adds the
 // groups (pmem: the member pair ids, pgv: each group's virtual expert, pgs: each group's first
-// member, kStreamPlainPairs + 1 entries) and the grouping's scratch (PlainScratch).
+// member, kStreamPlainPairs + 1 entries, then the group count) and the grouping's scratch
+// (PlainScratch).
 struct StreamLayout {
   int stages;
   size_t full, empty, issued, ids, rank, scale, ready, part, pmem, pgv, pgs, scratch, total;
@@ -229,19 +230,14 @@ __host__ __device__
   const size_t w = op == Op::kExpand ? 0 : static_cast<size_t>(consumers);
   l.ready = o, o += 8 * w;
   l.part = o, o += (kStreamShrinkPartBytes - 8) * w;
-  l.pmem = l.pgv = l.pgs = l.scratch = 0;
-  if (plain) {
+  if (plain) {  // (else pmem, pgv, pgs and scratch stay 0)
     o = (o + 15) / 16 * 16;
     l.pmem = o, o += 2 * static_cast<size_t>(kStreamPlainPairs);
     l.pgv = o, o += 2 * static_cast<size_t>(kStreamPlainPairs);
-    l.pgs = o, o += (2 * static_cast<size_t>(kStreamPlainPairs + 1) + 15) / 16 * 16;
+    l.pgs = o, o += (2 * static_cast<size_t>(kStreamPlainPairs + 2) + 15) / 16 * 16;
     const int warps = op == Op::kExpand ? consumers + 1 : consumers;
     const size_t need = plain_scratch(warps).end;
-    if (need <= stage_area) {
-      l.scratch = 0;
-    } else {
-      l.scratch = o, o += need;
-    }
+    if (need > stage_area) l.scratch = o, o += need;  // (else inside the stages, at 0)
   }
   l.total = o;
   return l;

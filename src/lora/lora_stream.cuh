@@ -546,7 +546,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   uint16_t* mem = reinterpret_cast<uint16_t*>(smem + pmem_off);
   uint16_t* gv = mem + kStreamPlainPairs;  // (StreamLayout: pgv and pgs follow pmem)
   uint16_t* gs = mem + 2 * kStreamPlainPairs;
-  uint16_t* n_groups = gs + kStreamPlainPairs + 1;  // (inside pgs's padding)
+  uint16_t* n_groups = gs + kStreamPlainPairs + 1;  // (StreamLayout: pgs's last entry)
   const int P = a.P, V = a.V;
   // The timeline probe's marks (words 16 + j: the SM's clock at step j, thread 0).
   auto mark = [&](int j) {
