@@ -770,7 +770,11 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   os << "copy bandwidth (device-to-device, read+write): " << copy << " GB/s\n";
   os << "empty launch (graph replay, one CTA per SM x 384 threads): " << empty_us << " us\n";
   os << "weights: the timed calls cycle through w copies (plan column), one per rotating "
-        "routing, so a call's weights come from HBM, not from an earlier call in L2\n\n";
+        "routing, so a call's weights come from HBM, not from an earlier call in L2\n";
+  if (detail::stream_trace_built())  // (its null tests cost the stream kernels ~100 instructions)
+    os << "NOTE: this build's stream kernels carry the timeline probe (-DMOLORA_LORA_TRACE=ON): "
+          "time a build without it\n";
+  os << "\n";
   for (auto& r : rows) os << r << "\n";
   os << "\n";
   for (auto& s : summary) os << s << "\n";

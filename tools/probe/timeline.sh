@@ -2,12 +2,13 @@
 # Where a stream call's time goes (device run, carry build-gpu or build-ab): `molora bench lora
 # --timeline` for both ops over the seed shapes, T = 1/8/32/64, all tokens with an adapter, half
 # and none. Env: M (the CLI; default build-gpu's), LIB (its library folder), SHAPES, TS, NONES.
-# The library must be built with the probe: cmake -B build-gpu -DMOLORA_LORA_TRACE=ON, then
-# tools/gpu-check prepare (and tools/probe/ab.sh --stage trace to carry it in build-ab).
+# The library must be built with the probe: GPU_TRACE=ON GPU_BUILD=build-trace tools/gpu-check
+# prepare, then M=build-trace/src/cli/molora LIB=build-trace/src (or tools/probe/ab.sh --stage
+# trace to carry it in build-ab).
 cd "$(dirname "$0")/../.."
 M=${M:-build-gpu/src/cli/molora}
 LIB=${LIB:-build-gpu/src}
-export LD_LIBRARY_PATH=$PWD/$LIB:$PWD/build-gpu/deplib:$PWD/build-ab/deplib
+export LD_LIBRARY_PATH=$PWD/$LIB:$PWD/${LIB%/src}/deplib:$PWD/build-gpu/deplib:$PWD/build-ab/deplib
 SHAPES=${SHAPES:-"N6144_r32_V160x8 N4096_r32_V128x8"}
 TS=${TS:-1,8,32,64}
 for sh in $SHAPES; do
