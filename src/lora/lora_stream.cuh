@@ -476,15 +476,19 @@ __device__ __forceinline__ int block_excl_scan(int v, int* wtot, int* total) {
   }
   if (lane == 31) wtot[w] = inc;
   __syncthreads();
-  int base = 0, tot = 0;
-  for (int i = 0; i < nw; ++i) {
-    const int t = wtot[i];
-    base += i < w ? t : 0;
-    tot += t;
+  // The warps' totals scanned by every warp at once, lane i holding warp i's (nw <= 32): a loop
+  // over them unrolled by the compiler was 2.9 KB of code per use, and this code runs once per
+  // CTA from a cold instruction cache (bench/NOTES.md "lora v0.22").
+  int wi = lane < nw ? wtot[lane] : 0;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(~0u, wi, o);
+    if (lane >= o) wi += t;
   }
+  const int tot = __shfl_sync(~0u, wi, 31), below = __shfl_sync(~0u, wi, (w + 31) & 31);
   __syncthreads();  // (wtot is reused)
   *total = tot;
-  return base + inc - v;
+  return (w > 0 ? below : 0) + inc - v;
 }
 // out[i] = the sum of f(j) for j < i, i < n (thread t takes a run of ceil(n / threads) in
 // order); returns the sum of all. Every thread calls it.
@@ -493,9 +497,11 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
   const int per = (n + static_cast<int>(blockDim.x) - 1) / static_cast<int>(blockDim.x);
   const int i0 = static_cast<int>(threadIdx.x) * per, i1 = min(n, i0 + per);
   int sum = 0;
+#pragma unroll 1
   for (int i = i0; i < i1; ++i) sum += f(i);
   int total;
   int run = block_excl_scan(sum, wtot, &total);
+#pragma unroll 1
   for (int i = i0; i < i1; ++i) {
     const int v = f(i);
     out[i] = run;
@@ -529,6 +535,11 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 // kernel's entry to the groups known, the routing loads included: the first form, the tables
 // for every size, ~3 us at T = 1 and 8; the warp sort 0.7 us at T = 1; counting 1.8 us at
 // P = 64 and 3.8 at 128; the tables 5.0 us at P = 512 and 9.0 at 2048, ~1 us of it the loads.)
+// Code size is time here: each CTA runs this code once, from a cold instruction cache, and
+// Nsight Compute's warp sampling put "no instruction" first among its stalls (226 of 758 samples
+// in it, plain expand N2048 T=64, v0.22). So its loops with run-time bounds are not unrolled
+// (`#pragma unroll 1`; they run a few times each) and the block scan reads the warps' totals
+// with shuffles: 39.5 KB of code -> 21.6 KB, ~0.5-0.9 us less per call at T = 64-256.
 constexpr int kPlainCountPairs = 64;
 constexpr int kPlainMaxWarps = 16;  // (a stream CTA has at most 12 warps)
 // The routing and sizes plain_build reads (by value: it is not inlined, see plain_groups).
@@ -618,6 +629,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       less += kj >= 0 && kj < v;
       valid += kj >= 0;
     }
+#pragma unroll 1
     for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32)
       c += __shfl_xor_sync(~0u, c, o);
       rank += __shfl_xor_sync(~0u, rank, o);
@@ -634,6 +646,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       goff += kj < v ? h : 0;  // (pairs without a v hold 0)
       groups += h;
     }
+#pragma unroll 1
     for (int o = G >> 1; o > 0; o >>= 1) {
       goff += __shfl_xor_sync(~0u, goff, o);
       groups += __shfl_xor_sync(~0u, groups, o);
@@ -658,10 +671,14 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   const int seg = ((P + nw - 1) / nw + 31) & ~31;  // pairs per warp in step 2
   const int nwa = (P + seg - 1) / seg;             // warps holding pairs
   const int ds = (min(P, V) + 1) & ~1;             // a warp's row of cntw (whole words)
+#pragma unroll 1
   for (int i = tid; i < nwa * ds / 2; i += nt) reinterpret_cast<uint32_t*>(cntw)[i] = 0u;
+#pragma unroll 1
   for (int i = tid; i < nwords; i += nt) bm[i] = 0u;
-  // 1. (the routing ids of 8 pairs per thread in flight at once)
-  constexpr int kIn = 8;
+  // 1. (the routing ids of 4 pairs per thread in flight at once: 8 was 2.2 KB more code, and no
+  // faster at 2048 pairs, bench/NOTES.md "lora v0.22")
+  constexpr int kIn = 4;
+#pragma unroll 1
   for (int p0 = tid; p0 < P; p0 += kIn * nt) {
     int k[kIn];
 #pragma unroll
@@ -672,6 +689,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   }
   __syncthreads();
   mark(1);
+#pragma unroll 1
   for (int p = tid; p < P; p += nt) {
     const int k = key[p];
     if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
@@ -683,6 +701,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   mark(2);
   // 2.
   const int p_end = min(P, (w + 1) * seg);
+#pragma unroll 1
   for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
     const int p = p0 + lane;
     int d = -1;
@@ -710,6 +729,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   // (both sums stay below 2^16: P <= 2048) gives scan[].
   const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
   int sum = 0;
+#pragma unroll 1
   for (int d = i0; d < i1; ++d) {
     uint32_t c[kPlainMaxWarps];
 #pragma unroll
@@ -726,6 +746,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   int tot;
   int ex = block_excl_scan(sum, wtot, &tot);
   mark(4);
+#pragma unroll 1
   for (int d = i0; d < i1; ++d) {
     const int c = cnt[d];
     scan[d] = ex;
@@ -734,6 +755,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   __syncthreads();
   mark(5);
   // 4.
+#pragma unroll 1
   for (int p = tid; p < P; p += nt) {
     const int k = key[p];
     if (k < 0) continue;
