@@ -722,8 +722,8 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_EQ(pl.stages, 2);
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   {
-    // The planner's default for plain routing: shrink from 128 pairs; expand from 64 where
-    // N * r_max >= 131072, else from 256.
+    // The planner's default for plain routing: shrink from 64 pairs where K * r_max > 131072,
+    // else from 128; expand from 64 where N * r_max >= 131072, else from 256.
     PlanOptions d = o;
     d.kernel.clear();
     struct Rule {
@@ -733,10 +733,11 @@ TEST(LoraPlan, StreamKernelChoice) {
       const char* kernel;
     };
     const Rule rules[] = {
-        {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 16, "stream"},
-        {Op::kShrink, 6144, 32, 15, "grid"},   {Op::kExpand, 4096, 32, 8, "stream"},
-        {Op::kExpand, 4096, 32, 7, "grid"},    {Op::kExpand, 2048, 16, 31, "grid"},
-        {Op::kExpand, 2048, 16, 32, "stream"},
+        {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 8, "stream"},
+        {Op::kShrink, 6144, 32, 7, "grid"},    {Op::kShrink, 4096, 32, 16, "stream"},
+        {Op::kShrink, 4096, 32, 15, "grid"},   {Op::kShrink, 4096, 32, 8, "grid"},
+        {Op::kExpand, 4096, 32, 8, "stream"},  {Op::kExpand, 4096, 32, 7, "grid"},
+        {Op::kExpand, 2048, 16, 31, "grid"},   {Op::kExpand, 2048, 16, 32, "stream"},
     };
     for (const Rule& r : rules) {
       Problem q = problem(r.op, r.T, 160, r.r_max, r.dim);
@@ -829,7 +830,7 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
-  o.kernel = "grid";  // (plain routing from 128 pairs takes the stream kernel by default)
+  o.kernel = "grid";  // (plain routing from 64 pairs takes the stream kernel by default)
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_LT(pl.tile, 8);  // 8 groups only: split rows across warps to reach every SM
@@ -864,7 +865,7 @@ TEST(LoraPlan, GridHeuristicTakesTheTunersTiles) {
   PlanOptions o;
   o.sm_count = 132;
   o.config_path = "none";
-  o.kernel = "grid";  // (plain routing from 128 pairs takes the stream kernel by default)
+  o.kernel = "grid";  // (plain routing from 64 pairs takes the stream kernel by default)
   struct Case {
     Op op;
     int T, experts, r, dim, tile;

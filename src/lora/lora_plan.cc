@@ -291,13 +291,17 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const bool stream_ok = detail::stream_routing_ok(pb);
   const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
   // Plain routing (v0.21): the stream kernel groups the pairs itself (plain_build), which costs
-  // it 0.7-9 us over the aligned call (T = 1 to 256). The planner takes it for plain routing
-  // where it measured faster than the grid kernel (H100, same run, bench/NOTES.md "lora v0.21"):
-  // shrink from 128 pairs (T=16: 23.4 vs 30.4 us at K=6144, 10.2 vs 11.9 at K=2048; T=8: a tie
-  // at 6144, grid faster at 4096 and 2048); expand from 64 pairs where a virtual expert's weight
-  // has N * r_max >= 131072 elements (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2), else from
-  // 256 (N2048 r16: grid faster at T=8 and 16, 9.26 vs 8.52; stream from T=32, 11.65 vs 14.57).
-  const int64_t plain_from = pb.op == Op::kShrink ? 128 : dim * pb.r_max >= 131072 ? 64 : 256;
+  // it 0.7-9 us over the aligned call (T = 1 to 256; ~0.8 us less since v0.22). The planner takes
+  // it for plain routing where it measured faster than the grid kernel (H100, same run,
+  // bench/NOTES.md "lora v0.21" and "v0.22"): shrink from 64 pairs where a virtual expert's
+  // weight has K * r_max > 131072 elements (v0.22, T=8: K=6144 14.53 vs 15.16 us, K=7168 15.13
+  // vs 16.71; grid faster at K=4096 r32, 11.50 vs 11.33, and K=2048 r16, 6.82 vs 5.95), else
+  // from 128 (T=16: 10.2 vs 11.9 at K=2048, v0.21); expand from 64 pairs where N * r_max >=
+  // 131072 (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2), else from 256 (N2048 r16: grid
+  // faster at T=8 and 16, 9.26 vs 8.52; stream from T=32, 11.65 vs 14.57).
+  const int64_t plain_from = pb.op == Op::kShrink       ? (dim * pb.r_max > 131072 ? 64 : 128)
+                             : dim * pb.r_max >= 131072 ? 64
+                                                        : 256;
   if (kernel.empty())
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
