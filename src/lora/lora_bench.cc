@@ -592,6 +592,11 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   std::map<std::string, double> t_at;     // key → us
   std::map<std::string, double> copy_at;  // key → the same-bytes copy's us
   std::map<std::string, double> pct_at;   // key → % of copy bandwidth
+  auto key = [](Op o, const Shape& s, int T, double none, const char* label) {
+    std::ostringstream k;
+    k << op_name(o) << s.name << T << none << label;
+    return k.str();
+  };
   std::vector<std::string> summary;
   int miss = 0;
   for (Op op : {Op::kExpand, Op::kShrink})
@@ -612,15 +617,16 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         const char* kernel;  // "" = the planner's
         bool align_first;
         bool none_rows;  // also the 50% and 100% no-adapter rows
+        bool target;     // the rows the target lines judge (per routing)
       };
       const Variant variants[] = {
-          {"plain", RoutingKind::kPlain, "", false, true},
-          {"aligned", RoutingKind::kAligned, "", false, true},
-          {"al-grid", RoutingKind::kAligned, "grid", false, false},
-          {"al-strm", RoutingKind::kAligned, "stream", false, false},
-          {"al+align", RoutingKind::kAligned, "", true, true},  // (full table from here)
-          {"pl-grid", RoutingKind::kPlain, "grid", false, false},
-          {"pl-strm", RoutingKind::kPlain, "stream", false, true},
+          {"plain", RoutingKind::kPlain, "", false, true, true},
+          {"aligned", RoutingKind::kAligned, "", false, true, true},
+          {"al-grid", RoutingKind::kAligned, "grid", false, false, false},
+          {"al-strm", RoutingKind::kAligned, "stream", false, false, false},
+          {"al+align", RoutingKind::kAligned, "", true, true, false},  // (full table from here)
+          {"pl-grid", RoutingKind::kPlain, "grid", false, false, false},
+          {"pl-strm", RoutingKind::kPlain, "stream", false, true, false},
       };
       const int n_variants = quick ? 4 : static_cast<int>(sizeof variants / sizeof variants[0]);
       for (int variant = 0; variant < n_variants; ++variant)
@@ -646,12 +652,11 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
                           r.plan.stages > 0 ? r.plan.stages : r.plan.unroll, r.plan.grid,
                           r.weight_copies, r.plan.source.c_str());
             rows.push_back(line);
-            std::ostringstream key;
-            key << op_name(op) << sh.name << T << none << label;
-            t_at[key.str()] = r.us;
-            copy_at[key.str()] = r.copy_us;
-            pct_at[key.str()] = r.pct_copy;
-            if (variant >= 2) continue;
+            const std::string k = key(op, sh, T, none, label);
+            t_at[k] = r.us;
+            copy_at[k] = r.copy_us;
+            pct_at[k] = r.pct_copy;
+            if (!vr.target) continue;
             int ri = rk == RoutingKind::kPlain ? 0 : 1;
             if (none == 0.0 && T >= 32) {
               min_pct[ri] = std::min(min_pct[ri], r.pct_copy);
@@ -684,14 +689,12 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
                       op_name(op), sh.name.c_str(), rn, max_x[ri], ok ? "MET" : "MISSED",
                       max_xl[ri], empty_us, max_xc_small[ri]);
         summary.push_back(line);
-        std::ostringstream k0, k50;
-        k0 << op_name(op) << sh.name << 64 << 0.0 << rn;
-        k50 << op_name(op) << sh.name << 64 << 0.5 << rn;
-        double ratio = t_at[k50.str()] / t_at[k0.str()];
+        const std::string k0 = key(op, sh, 64, 0.0, rn), k50 = key(op, sh, 64, 0.5, rn);
+        double ratio = t_at[k50] / t_at[k0];
         // The same ratio for copies of the two rows' bytes: what the bytes alone allow (a
         // copy's rate falls with its size, so the ratio of copy times sits above the bytes').
-        const double c0 = copy_at[k0.str()];
-        const double copy_ratio = c0 > 0 ? copy_at[k50.str()] / c0 : 0.0;
+        const double c0 = copy_at[k0];
+        const double copy_ratio = c0 > 0 ? copy_at[k50] / c0 : 0.0;
         ok = ratio <= 0.6;
         miss += ok ? 0 : 1;
         std::snprintf(line, sizeof line,
@@ -701,18 +704,13 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         summary.push_back(line);
       }
       {
-        std::ostringstream kp, ka;
-        kp << op_name(op) << sh.name << 64 << 0.0 << "plain";
-        ka << op_name(op) << sh.name << 64 << 0.0 << "aligned";
-        std::ostringstream kg, ks;
-        kg << op_name(op) << sh.name << 64 << 0.0 << "al-grid";
-        ks << op_name(op) << sh.name << 64 << 0.0 << "al-strm";
         std::snprintf(line, sizeof line,
                       "SUMMARY lora %s %s T=64 routing: plain %.2f us, aligned %.2f us (the "
                       "planner's kernel; grid %.2f us, stream %.2f us; aligned excludes the align "
                       "kernel)",
-                      op_name(op), sh.name.c_str(), t_at[kp.str()], t_at[ka.str()], t_at[kg.str()],
-                      t_at[ks.str()]);
+                      op_name(op), sh.name.c_str(), t_at[key(op, sh, 64, 0.0, "plain")],
+                      t_at[key(op, sh, 64, 0.0, "aligned")], t_at[key(op, sh, 64, 0.0, "al-grid")],
+                      t_at[key(op, sh, 64, 0.0, "al-strm")]);
         summary.push_back(line);
       }
       if (!quick) {  // a caller holding plain routing: the plain kernel, or align + aligned
@@ -720,18 +718,16 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         int from_t = 0;  // the smallest T from which align + aligned is faster at every T
         double min_pct_al = 1e9;
         for (int T : Ts) {
-          std::ostringstream kp, kl, ks;
-          kp << op_name(op) << sh.name << T << 0.0 << "plain";
-          kl << op_name(op) << sh.name << T << 0.0 << "al+align";
-          ks << op_name(op) << sh.name << T << 0.0 << "pl-strm";
-          const double up = t_at[kp.str()], ul = t_at[kl.str()], us = t_at[ks.str()];
+          const std::string kl = key(op, sh, T, 0.0, "al+align");
+          const double up = t_at[key(op, sh, T, 0.0, "plain")], ul = t_at[kl],
+                       us = t_at[key(op, sh, T, 0.0, "pl-strm")];
           char cell[96];
           std::snprintf(cell, sizeof cell, "%sT=%d %.2f / %.2f / %.2f", per_t.empty() ? "" : ", ",
                         T, up, ul, us);
           per_t += cell;
           if (ul < up && from_t == 0) from_t = T;
           if (ul >= up) from_t = 0;
-          if (T >= 32) min_pct_al = std::min(min_pct_al, pct_at[kl.str()]);
+          if (T >= 32) min_pct_al = std::min(min_pct_al, pct_at[kl]);
         }
         std::snprintf(line, sizeof line,
                       "SUMMARY lora %s %s plain routing's caller, us, the plain kernel (planner) / "
@@ -755,11 +751,9 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
         MOLORA_RETURN_IF_ERROR(run_case(c, copy, &rc));
         c.delta = true;
         MOLORA_RETURN_IF_ERROR(run_case(c, copy, &rd));
-        std::ostringstream ks, ke;
-        ks << op_name(Op::kShrink) << sh.name << T << 0.0 << "aligned";
-        ke << op_name(Op::kExpand) << sh.name << T << 0.0 << "aligned";
-        const double alone =
-            t_at.count(ks.str()) && t_at.count(ke.str()) ? t_at[ks.str()] + t_at[ke.str()] : 0.0;
+        const std::string ks = key(Op::kShrink, sh, T, 0.0, "aligned"),
+                          ke = key(Op::kExpand, sh, T, 0.0, "aligned");
+        const double alone = t_at.count(ks) && t_at.count(ke) ? t_at[ks] + t_at[ke] : 0.0;
         std::snprintf(line, sizeof line,
                       "SUMMARY lora pair %s T=%d: shrink then expand %.2f us, moe_delta %.2f us "
                       "(%.3fx; expand %s), the two ops timed alone %.2f us; floor %.2f us",
