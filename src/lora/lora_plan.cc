@@ -299,9 +299,9 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // from 128 (T=16: 10.2 vs 11.9 at K=2048, v0.21); expand from 64 pairs where N * r_max >=
   // 131072 (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2), else from 256 (N2048 r16: grid
   // faster at T=8 and 16, 9.26 vs 8.52; stream from T=32, 11.65 vs 14.57).
-  const int64_t plain_from = pb.op == Op::kShrink       ? (dim * pb.r_max > 131072 ? 64 : 128)
-                             : dim * pb.r_max >= 131072 ? 64
-                                                        : 256;
+  const int64_t weight = dim * pb.r_max;  // a virtual expert's weight, elements
+  const int64_t plain_from =
+      pb.op == Op::kShrink ? (weight > 131072 ? 64 : 128) : (weight >= 131072 ? 64 : 256);
   if (kernel.empty())
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
