@@ -11,7 +11,8 @@
 # Env: ENVS (settings, one per line, e.g. MOLORA_LORA_EARLY_INPUTS=1; "-" = none; default "-"),
 #   ROUTING (aligned (default) or plain: every case's routing),
 #   LIBS (library folders to compare instead of build-ab's variants, e.g. build-gpu/src; labelled
-#   by the folder) and M (the CLI; default build-ab/molora). A variant folder that holds its own
+#   by the folder), M (the CLI; default build-ab/molora) and GPU_BUILD (whose deplib/ the runs
+#   also take: default build-gpu). A variant folder that holds its own
 #   `molora` runs that CLI (builds of other commits, whose bench or CLI differ from this one's).
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = --stage ]; then
@@ -41,7 +42,7 @@ for r in $(seq "$ROUNDS"); do
         # shellcheck disable=SC2086
         cli=$M
         [ -x "$lib/molora" ] && cli=$lib/molora
-        env $setting LD_LIBRARY_PATH="$PWD/$lib:$PWD/build-ab/deplib:$PWD/build-gpu/deplib" "$cli" \
+        env $setting LD_LIBRARY_PATH="$PWD/$lib:$PWD/build-ab/deplib:$PWD/${GPU_BUILD:-build-gpu}/deplib" "$cli" \
           bench lora --shape "$shape" --routing "${ROUTING:-aligned}" --op "$op" --T "$Ts" $rest 2>&1 |
           grep "us, floor" |
           sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
