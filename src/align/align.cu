@@ -212,7 +212,8 @@ constexpr int kCountPairs = 128;
 // bucket's block offset (the blocks of every bucket below it), the total blocks, and the drop
 // counts (invalid | no_adapter << 16): exactly what the sorting path gives each sorted pair, so
 // the stores after it are the same. Pair i is counted by the G = 2^count_shift threads
-// [i*G, (i+1)*G) of one warp (G = min(32, 512 / numel rounded up to a power of two)), each taking
+// [i*G, (i+1)*G) of one warp (G = 512 / numel rounded up to a power of two, at most 32 and
+// at most numel / 8: moe_align_block_size sets count_shift), each taking
 // every G-th other pair, their sums added with shuffles; the group's first thread returns the
 // pair (the others return kNoKey), thread 0 the total and the drops.
 struct Counted {
@@ -546,8 +547,12 @@ Status moe_align_block_size(const AlignArgs& a, cudaStream_t stream) {
     sp.end_bit = sp.ibits + bit_length(V);
     const int grid = static_cast<int>(cdiv(sz.sorted_token_ids, sp.slice));
     // Threads per pair of the counting path: 512 / numel rounded up to a power of two, 1 to 32
-    // (numel rounds up to 2^bit_length(numel - 1)).
-    sp.count_shift = std::clamp(bit_length(kThreads) - 1 - bit_length(numel - 1), 0, 5);
+    // (numel rounds up to 2^bit_length(numel - 1)), and at most numel / 8, so that each thread
+    // compares ~8 pairs or more: at 8 pairs one thread per pair is 6% faster than 32 (their
+    // shuffle rounds cost more than the 8 compares; H100, bench_align, bench/NOTES.md "align
+    // v0.5"). Counting threads: 1 per pair to 8 pairs, 2 to 16, 4 to 32, then 512 / numel.
+    sp.count_shift = std::min(std::clamp(bit_length(kThreads) - 1 - bit_length(numel - 1), 0, 5),
+                              std::max(0, bit_length(numel - 1) - 3));
     if (numel <= kCountPairs)
       molora_align_small<1, true><<<grid, kThreads, 0, stream>>>(sp);
     else if (numel <= kThreads)
