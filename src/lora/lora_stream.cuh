@@ -485,6 +485,7 @@ __device__ __forceinline__ int block_excl_scan(int v, int* wtot, int* total) {
     const int t = __shfl_up_sync(~0u, wi, o);
     if (lane >= o) wi += t;
   }
+  // (the warps below w: lane w - 1's sum; warp 0 reads lane 31, wrapped, and discards it)
   const int tot = __shfl_sync(~0u, wi, 31), below = __shfl_sync(~0u, wi, (w + 31) & 31);
   __syncthreads();  // (wtot is reused)
   *total = tot;
@@ -754,13 +755,14 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   }
   __syncthreads();
   mark(5);
-  // 4.
+  // 4. (each warp over its pairs of step 2, so that the warp's row of cntw is its own: no
+  // division by seg per pair)
 #pragma unroll 1
-  for (int p = tid; p < P; p += nt) {
+  for (int p = w * seg + lane; p < p_end; p += 32) {
     const int k = key[p];
     if (k < 0) continue;
     const int d = dix[p];
-    const int r = cntw[(p / seg) * ds + d] + rl[p];
+    const int r = cntw[w * ds + d] + rl[p];
     const int sd = scan[d], m0 = sd >> 16;
     mem[m0 + r] = static_cast<uint16_t>(p);
     if (r % kStreamMaxBlock == 0) {
