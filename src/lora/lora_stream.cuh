@@ -615,9 +615,9 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   uint16_t* cntw = reinterpret_cast<uint16_t*>(base + sc.cntw);
   if (P <= kPlainCountPairs && P <= nt) {
     // Counting. Thread t takes pair i = t / G, every G-th other pair from t % G.
-    int G = 1;
-    while (G < 32 && 2 * G * P <= nt) G *= 2;
-    const int i = tid / G, sub = tid & (G - 1);
+    int G = 1, gshift = 0;  // G = 2^gshift (a shift instead of a division by G)
+    while (G < 32 && 2 * G * P <= nt) G *= 2, ++gshift;
+    const int i = tid >> gshift, sub = tid & (G - 1);
     int* hb = cnt;  // per pair: at a v's first pair, its groups; else 0
     if (tid < P) key[tid] = key_of(tid);
     __syncthreads();
