@@ -308,17 +308,18 @@ TYPED_TEST_P(AlignContract, SlotsFormVirtualIds) {
   check_case<TypeParam>(c, "slots");
 }
 
-// The CUDA path places up to 128 pairs by counting (32, 16, 8 or 4 threads per pair as the count
-// doubles) and sorts more (one pair per thread up to 512, then 4 and 8), switches from one launch
-// to three past 4,096 pairs and slices the pairs by 4,096: sizes on each side of each, with buckets
-// that span slices.
+// The CUDA path places up to 128 pairs by counting (1 thread per pair up to 8 pairs, 2 up to 16,
+// 4 up to 32, then 8 and 4 as the count doubles) and sorts more (one pair per thread up to 512,
+// then 4 and 8), switches from one launch to three past 4,096 pairs and slices the pairs by 4,096:
+// sizes on each side of each, with buckets that span slices.
 TYPED_TEST_P(AlignContract, PathAndSliceBoundaries) {
   MOLORA_ALIGN_BACKEND_SKIP();
   const uint64_t seed = fresh_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 g(seed);
   // (V = 3: few buckets, many pairs each; V = 65,536: almost every pair its own bucket)
-  for (int64_t numel : {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 2048, 2049})
+  for (int64_t numel :
+       {1, 2, 8, 9, 16, 17, 32, 33, 63, 64, 65, 127, 128, 129, 511, 512, 513, 2048, 2049})
     for (int64_t V : {3, 600, 4095, 4096, 65536})
       for (bool slots : {false, true}) {
         check_case<TypeParam>(random_case(g, numel, 1, V, 16, slots),
