@@ -1012,8 +1012,9 @@ TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
 // Plain routing on the stream kernel groups the pairs as the align output does at blocks of 32
 // (the same groups, members and tasks), so it must give the aligned stream call's bits exactly:
 // Zipf slots, one slot (groups past 32 members, split), half and all without adapter, distinct
-// slots, T = 1 to 256 (2048 pairs, the most it takes), the three ways of grouping (P <= 32: one
-// warp sorts; 33 to 64: counting, P = 33, 49, 63 and 64; above: the tables) and the bitmap index
+// slots, T = 1 to 256 (2048 pairs, the most it takes), the four ways of grouping (P <= 32: one
+// warp sorts; 33 to 64: counting, P = 33, 49, 63 and 64; 65 to 256: the block sort, P = 65, 99,
+// 200 and 256; above: the tables, P = 257, 320, 511, 512, 513, 2040 and 2048) and the bitmap index
 // (V = 65,536 too), S = 256 (> the 64 slots cached in shared memory), the only slot used past
 // the first warp's lanes (S = 48 at P = 32, S = 60 at P = 64: that slot's rank and scale cached
 // by a thread of warp 1), a key of 16 pairs at P = 16, both ops, bf16 (fp16 at T = 1, 8 and 64),
@@ -1035,7 +1036,9 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       {11, 3, 4, 16, 32, 264, SlotMode::kZipf},      {40, 8, 40, 64, 16, 136, SlotMode::kZipf},
       {16, 1, 1, 1, 32, 264, SlotMode::kOne},        {7, 7, 8, 32, 16, 264, SlotMode::kZipf},
       {21, 3, 3, 12, 32, 136, SlotMode::kSparse},    {4, 8, 48, 16, 32, 264, SlotMode::kOne},
-      {8, 8, 60, 16, 32, 264, SlotMode::kOne},
+      {8, 8, 60, 16, 32, 264, SlotMode::kOne},       {13, 5, 8, 16, 32, 264, SlotMode::kZipf},
+      {73, 7, 8, 16, 32, 264, SlotMode::kOne},       {57, 9, 6, 12, 16, 136, SlotMode::kZipf},
+      {32, 8, 8, 160, 32, 1032, SlotMode::kZipf},    {257, 1, 4, 16, 32, 264, SlotMode::kZipf},
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (DType dt : {DType::kBF16, DType::kF16})

@@ -516,7 +516,7 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 // virtual expert (slot -1 or out of range, expert out of range) join none. Every CTA computes
 // the same groups, and the order does not depend on timing (no atomic decides a position), so
 // the tasks are those of the aligned call at that block size, member for member. Whole CTA;
-// returns the number of groups (plain_groups sets x.poff and x.pgroups). Three ways, by size:
+// returns the number of groups (plain_groups sets x.poff and x.pgroups). Four ways, by size:
 //   P <= 32: warp 0 alone sorts the 32 keys (v << 5 | pair) in registers (a bitonic network of
 //     shuffles); a pair's sorted position is its place, a key's first pair opens its group (a
 //     key holds at most 32 pairs here). One barrier.
@@ -525,6 +525,14 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 //     other pair's: its rank among the pairs of its v, their count, and the pairs of smaller v
 //     (its place is their sum); then, with each v's group count at its first pair, the groups of
 //     smaller v (its group). Three barriers. (Quadratic: 1.8 us at 64 pairs, 3.8 at 128.)
+//   P <= kPlainSortPairs: a bitonic sort of the keys (v << 11 | pair; ~0u without a v) over
+//     n = the next power of two >= P (>= 64): each warp sorts chunks of 64 in registers, the
+//     strides >= 64 of each larger size step through shared memory (one barrier each) and the
+//     smaller ones in registers again; then a bit per position marks each v's first, a bit per
+//     position each group's first (every 32nd from its v's first), and a group's number is the
+//     bits before it. 4 + log2(n / 64) * (log2(n / 64) + 3) / 2 barriers: 4 at 64 pairs, 9 at
+//     256. (H100, against the tables: -0.4 µs at 128 pairs, -0.15 to -0.25 at 256, but +0.7 at
+//     512, where it would take 13 barriers, bench/NOTES.md "lora v0.24".)
 //   else, tables: 1. each pair's virtual expert v (or -1) into key[]; a bitmap of the v present
 //     and its words' prefix counts give each v its dense index d; 2. warp w takes pairs
 //     [w * seg, (w + 1) * seg) 32 at a time: __match_any_sync finds the lanes of equal d, so
@@ -542,6 +550,7 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 // (`#pragma unroll 1`; they run a few times each) and the block scan reads the warps' totals
 // with shuffles: 39.5 KB of code -> 21.6 KB, ~0.5-0.9 us less per call at T = 64-256.
 constexpr int kPlainCountPairs = 64;
+constexpr int kPlainSortPairs = 256;
 // The groups that c pairs of one virtual expert make (kStreamMaxBlock pairs each).
 __device__ __forceinline__ int plain_groups_of(int c) {
   return (c + kStreamMaxBlock - 1) / kStreamMaxBlock;
@@ -554,6 +563,7 @@ struct PlainIn {
   FastDiv fd_k;
   int P, S, E, V;
   unsigned long long* trace;  // the timeline probe's record of this launch (or null)
+  int dbg;                    // probe bits (KernelArgs::dbg)
 };
 __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t pmem_off,
                                         uint32_t scratch_off) {
@@ -617,7 +627,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   int* scan = reinterpret_cast<int*>(base + sc.scan);
   int* wtot = reinterpret_cast<int*>(base + sc.wtot);
   uint16_t* cntw = reinterpret_cast<uint16_t*>(base + sc.cntw);
-  if (P <= kPlainCountPairs && P <= nt) {
+  if (P <= kPlainCountPairs && P <= nt && !(a.dbg & 4096)) {
     // Counting. Thread t takes pair i = t / G, every G-th other pair from t % G.
     int G = 1, gshift = 0;  // G = 2^gshift (a shift instead of a division by G)
     while (G < 32 && 2 * G * P <= nt) G *= 2, ++gshift;
@@ -667,6 +677,131 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     if (tid == 0)
       gs[groups] = static_cast<uint16_t>(valid), *n_groups = static_cast<uint16_t>(groups);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (key, hb: in the stages)
+    __syncthreads();
+    mark(7);
+    return *n_groups;
+  }
+  if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
+    // Sort (see above). n = the keys' power of two; chunk c = positions [64c, 64c + 64), lane l
+    // holding positions 64c + l (e0) and 64c + 32 + l (e1). A step of the network at size k,
+    // stride j: positions i and i ^ j, the lower taking the smaller key when i & k is 0 (the
+    // larger otherwise). Keys are distinct (the pair is in them) but for ~0u, which sorts last.
+    uint32_t* sk = reinterpret_cast<uint32_t*>(base + sc.key);  // n keys
+    uint32_t* hw = reinterpret_cast<uint32_t*>(wtot);           // a bit per position: v's first
+    uint32_t* gw = hw + kPlainSortPairs / 32;                   // ... a group's first
+    int* nvalid = reinterpret_cast<int*>(gw + kPlainSortPairs / 32);
+    int n = 64;
+    while (n < P) n <<= 1;
+    const int nch = n >> 6;
+    auto step = [](uint32_t v, uint32_t o, bool lower, bool asc) {
+      return lower == asc ? min(v, o) : max(v, o);
+    };
+    auto merge64 = [&](uint32_t& e0, uint32_t& e1, bool asc) {  // strides 32 .. 1 of a size >= 64
+      const uint32_t lo = min(e0, e1), hi = max(e0, e1);
+      e0 = asc ? lo : hi, e1 = asc ? hi : lo;
+#pragma unroll
+      for (int j = 16; j > 0; j >>= 1) {
+        const bool lower = (lane & j) == 0;
+        e0 = step(e0, __shfl_xor_sync(~0u, e0, j), lower, asc);
+        e1 = step(e1, __shfl_xor_sync(~0u, e1, j), lower, asc);
+      }
+    };
+#pragma unroll 1
+    for (int c = w; c < nch; c += nw) {  // each chunk sorted in registers (sizes 2 .. 64)
+      const int b = c << 6;
+      uint32_t e[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = b + 32 * h + lane;
+        const int k = p < P ? key_of(p) : -1;
+        e[h] = k >= 0 ? (static_cast<uint32_t>(k) << 11) | static_cast<uint32_t>(p) : ~0u;
+      }
+#pragma unroll
+      for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+          const bool lower = (lane & j) == 0;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            e[h] = step(e[h], __shfl_xor_sync(~0u, e[h], j), lower, ((32 * h + lane) & k) == 0);
+        }
+      merge64(e[0], e[1], (b & 64) == 0);
+      sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
+    }
+    __syncthreads();
+    mark(1);
+#pragma unroll 1
+    for (int k = 128; k <= n; k <<= 1) {  // sizes past a chunk: strides >= 64 in shared memory
+#pragma unroll 1
+      for (int j = k >> 1; j >= 64; j >>= 1) {
+#pragma unroll 1
+        for (int t = tid; t < (n >> 1); t += nt) {
+          const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));
+          const uint32_t x0 = sk[i], x1 = sk[i + j];
+          if ((x0 > x1) == ((i & k) == 0)) sk[i] = x1, sk[i + j] = x0;
+        }
+        __syncthreads();
+      }
+#pragma unroll 1
+      for (int c = w; c < nch; c += nw) {
+        const int b = c << 6;
+        uint32_t e0 = sk[b + lane], e1 = sk[b + 32 + lane];
+        merge64(e0, e1, (b & k) == 0);
+        sk[b + lane] = e0, sk[b + 32 + lane] = e1;
+      }
+      __syncthreads();
+    }
+    mark(3);
+    // Each position's pair into mem[]; the first position of each v (bits of hw) and the
+    // number of valid keys.
+#pragma unroll 1
+    for (int wd = w; wd < (n >> 5); wd += nw) {
+      const int i = (wd << 5) | lane;
+      const uint32_t x = sk[i];
+      const bool valid = x != ~0u;
+      const bool head = valid && (i == 0 || (sk[i - 1] >> 11) != (x >> 11));
+      const unsigned hb = __ballot_sync(~0u, head);
+      if (lane == 0) hw[wd] = hb;
+      if (valid) mem[i] = static_cast<uint16_t>(x & 0x7ffu);
+      if (i == 0 && !valid) *nvalid = 0;
+      if (valid && (i == n - 1 || sk[i + 1] == ~0u)) *nvalid = i + 1;
+    }
+    __syncthreads();
+    // A group opens at every 32nd position of a v, counted from its first (the nearest bit of
+    // hw at or below the position).
+#pragma unroll 1
+    for (int wd = w; wd < (n >> 5); wd += nw) {
+      const int i = (wd << 5) | lane;
+      bool open = false;
+      if (sk[i] != ~0u) {
+        int u = wd;
+        unsigned m = hw[u] & ((2u << lane) - 1u);
+        while (m == 0) m = hw[--u];  // (a valid position has its v's first at or below it)
+        open = (i - ((u << 5) | (31 - __clz(m)))) % kStreamMaxBlock == 0;
+      }
+      const unsigned gb = __ballot_sync(~0u, open);
+      if (lane == 0) gw[wd] = gb;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int wd = w; wd < (n >> 5); wd += nw) {
+      const unsigned gb = gw[wd];
+      if ((gb >> lane) & 1u) {
+        int g = __popc(gb & ((1u << lane) - 1u));
+#pragma unroll 1
+        for (int u = 0; u < wd; ++u) g += __popc(gw[u]);
+        const int i = (wd << 5) | lane;
+        gv[g] = static_cast<uint16_t>(sk[i] >> 11);
+        gs[g] = static_cast<uint16_t>(i);
+      }
+    }
+    if (tid == 0) {
+      int groups = 0;
+#pragma unroll 1
+      for (int u = 0; u < (n >> 5); ++u) groups += __popc(gw[u]);
+      gs[groups] = static_cast<uint16_t>(*nvalid), *n_groups = static_cast<uint16_t>(groups);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the scratch: in the stages)
     __syncthreads();
     mark(7);
     return *n_groups;
@@ -793,6 +928,7 @@ __device__ __forceinline__ void plain_groups(Ctx& x) {
   in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
   in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
   in.trace = a.trace;
+  in.dbg = a.dbg;
   x.pgroups =
       plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem), static_cast<uint32_t>(x.L.scratch));
   x.poff = static_cast<uint32_t>(x.L.pmem);
