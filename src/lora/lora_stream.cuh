@@ -531,8 +531,8 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 //     smaller ones in registers again; then a bit per position marks each v's first, a bit per
 //     position each group's first (every 32nd from its v's first), and a group's number is the
 //     bits before it. 4 + log2(n / 64) * (log2(n / 64) + 3) / 2 barriers: 4 at 64 pairs, 9 at
-//     256. (H100, against the tables: -0.4 µs at 128 pairs, -0.15 to -0.25 at 256, but +0.7 at
-//     512, where it would take 13 barriers, bench/NOTES.md "lora v0.24".)
+//     256. (H100, against the tables: -0.4 µs at 128 pairs, -0.1 to -0.2 at 256, but +0.7 at
+//     512, where it would take 13 barriers, bench/NOTES.md "lora v0.25".)
 //   else, tables: 1. each pair's virtual expert v (or -1) into key[]; a bitmap of the v present
 //     and its words' prefix counts give each v its dense index d; 2. warp w takes pairs
 //     [w * seg, (w + 1) * seg) 32 at a time: __match_any_sync finds the lanes of equal d, so
