@@ -170,6 +170,9 @@ constexpr int stream_stage_bytes(Op op) {
 // routing takes the grid kernel.
 constexpr int kStreamPlainPairs = 2048;
 constexpr int kStreamPlainMaxV = 65536;
+// The scratch's small area (PlainScratch::wtot), 32-bit words: the block scan's warp totals (one
+// per warp, <= 32), or the block sort's two bit words per 32 positions and its key count.
+constexpr int kStreamPlainWtotWords = 64;
 inline bool stream_plain_ok(int64_t P, int64_t V) {
   return P <= kStreamPlainPairs && V <= kStreamPlainMaxV;
 }
@@ -196,7 +199,7 @@ __host__ __device__
   s.rl = o, o += 2 * kStreamPlainPairs;
   s.cnt = o, o += 4 * kStreamPlainPairs;
   s.scan = o, o += 4 * kStreamPlainPairs;
-  s.wtot = o, o += 4 * 64;
+  s.wtot = o, o += 4 * kStreamPlainWtotWords;
   s.cntw = o, o += 2 * static_cast<size_t>(kStreamPlainPairs) * (warps > 0 ? warps : 1);
   s.end = o;
   return s;

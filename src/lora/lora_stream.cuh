@@ -551,6 +551,8 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 // with shuffles: 39.5 KB of code -> 21.6 KB, ~0.5-0.9 us less per call at T = 64-256.
 constexpr int kPlainCountPairs = 64;
 constexpr int kPlainSortPairs = 256;
+static_assert(2 * (kPlainSortPairs / 32) + 1 <= kStreamPlainWtotWords,
+              "the block sort's bit words and count fit the scratch's wtot area");
 // The groups that c pairs of one virtual expert make (kStreamMaxBlock pairs each).
 __device__ __forceinline__ int plain_groups_of(int c) {
   return (c + kStreamMaxBlock - 1) / kStreamMaxBlock;
