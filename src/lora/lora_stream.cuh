@@ -510,6 +510,27 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
   }
   return total;
 }
+// A bitonic network over the warp's lanes, sizes 2 .. 32, on H keys per lane: key h of lane l
+// is position 32h + l, each run of 32 sorted on its own, ascending for h = 0 and descending for
+// h = 1 (the two halves of a 64-key chunk, ready for its merge). A step at size k, stride j
+// pairs lanes l and l ^ j; the lower takes the smaller key when l & k is 0 (k < 32) and, at
+// k = 32, when h is 0. Used by plain_build's warp sort (H = 1: 32 keys ascending) and its block
+// sort's chunks (H = 2).
+template <int H>
+__device__ __forceinline__ void warp_bitonic32(uint32_t (&e)[H], int lane) {
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const bool lower = (lane & j) == 0;
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
+        const bool asc = ((32 * h + lane) & k) == 0;
+        e[h] = lower == asc ? min(e[h], o) : max(e[h], o);
+      }
+    }
+}
 // Groups the call's pairs (plain routing, P <= kStreamPlainPairs, V <= kStreamPlainMaxV) as the
 // align output would at block size kStreamMaxBlock: virtual experts ascending, each one's pairs
 // in ascending pair order, cut into groups of at most kStreamMaxBlock. Pairs without a valid
@@ -590,15 +611,10 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   if (P <= 32) {
     if (w == 0) {
       const int k = lane < P ? key_of(lane) : -1;
-      uint32_t v = k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane) : ~0u;
-#pragma unroll
-      for (int size = 2; size <= 32; size <<= 1)
-#pragma unroll
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-          const uint32_t o = __shfl_xor_sync(~0u, v, stride);
-          const bool up = (lane & size) == 0, low = (lane & stride) == 0;
-          v = (low == up) ? min(v, o) : max(v, o);
-        }
+      uint32_t e[1] = {k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane)
+                              : ~0u};
+      warp_bitonic32(e, lane);
+      const uint32_t v = e[0];
       const bool valid = v != ~0u;
       const uint32_t prev = __shfl_up_sync(~0u, v, 1);
       const bool head = valid && (lane == 0 || (prev >> 5) != (v >> 5));
@@ -718,15 +734,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         const int k = p < P ? key_of(p) : -1;
         e[h] = k >= 0 ? (static_cast<uint32_t>(k) << 11) | static_cast<uint32_t>(p) : ~0u;
       }
-#pragma unroll
-      for (int k = 2; k <= 32; k <<= 1)
-#pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
-          const bool lower = (lane & j) == 0;
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            e[h] = step(e[h], __shfl_xor_sync(~0u, e[h], j), lower, ((32 * h + lane) & k) == 0);
-        }
+      warp_bitonic32(e, lane);
       merge64(e[0], e[1], (b & 64) == 0);
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
