@@ -546,14 +546,14 @@ __device__ __forceinline__ void warp_bitonic32(uint32_t (&e)[H], int lane) {
 //     other pair's: its rank among the pairs of its v, their count, and the pairs of smaller v
 //     (its place is their sum); then, with each v's group count at its first pair, the groups of
 //     smaller v (its group). Three barriers. (Quadratic: 1.8 us at 64 pairs, 3.8 at 128.)
-//   P <= kPlainSortPairs: a bitonic sort of the keys (v << 11 | pair; ~0u without a v) over
-//     n = the next power of two >= P (>= 64): each warp sorts chunks of 64 in registers, the
-//     strides >= 64 of each larger size step through shared memory (one barrier each) and the
-//     smaller ones in registers again; then a bit per position marks each v's first, a bit per
-//     position each group's first (every 32nd from its v's first), and a group's number is the
-//     bits before it. 4 + log2(n / 64) * (log2(n / 64) + 3) / 2 barriers: 4 at 64 pairs, 9 at
-//     256. (H100, against the tables: -0.4 µs at 128 pairs, -0.1 to -0.2 at 256, but +0.7 at
-//     512, where it would take 13 barriers, bench/NOTES.md "lora v0.25".)
+//   P <= kPlainSortPairs: a sort of the keys (v << 11 | pair; kNone | pair without a v) over
+//     n = the next power of two >= P (>= 64): each warp sorts chunks of 64 in registers (a
+//     bitonic network of shuffles); past one chunk, a key's place is the sum of its lower bounds
+//     in the sorted chunks (a binary search of 64 in each, all chunks' steps at once), written
+//     to a second array; then a bit per position marks each v's first, a bit per position each
+//     group's first (every 32nd from its v's first), and a group's number is the bits before
+//     it. Five barriers at any n (four at 64 pairs). (v0.26; before, the strides >= 64 of a
+//     bitonic network through shared memory, a barrier each: 9 at 256 pairs, 13 at 512.)
 //   else, tables: 1. each pair's virtual expert v (or -1) into key[]; a bitmap of the v present
 //     and its words' prefix counts give each v its dense index d; 2. warp w takes pairs
 //     [w * seg, (w + 1) * seg) 32 at a time: __match_any_sync finds the lanes of equal d, so
@@ -574,6 +574,8 @@ constexpr int kPlainCountPairs = 64;
 constexpr int kPlainSortPairs = 256;
 static_assert(2 * (kPlainSortPairs / 32) + 1 <= kStreamPlainWtotWords,
               "the block sort's bit words and count fit the scratch's wtot area");
+static_assert(kPlainSortPairs <= kStreamPlainPairs && kPlainSortPairs % 64 == 0,
+              "the block sort's keys in order fit the scratch's scan area (a word per pair)");
 // The groups that c pairs of one virtual expert make (kStreamMaxBlock pairs each).
 __device__ __forceinline__ int plain_groups_of(int c) {
   return (c + kStreamMaxBlock - 1) / kStreamMaxBlock;
@@ -701,29 +703,16 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   }
   if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
     // Sort (see above). n = the keys' power of two; chunk c = positions [64c, 64c + 64), lane l
-    // holding positions 64c + l (e0) and 64c + 32 + l (e1). A step of the network at size k,
-    // stride j: positions i and i ^ j, the lower taking the smaller key when i & k is 0 (the
-    // larger otherwise). Keys are distinct (the pair is in them) but for ~0u, which sorts last.
-    uint32_t* sk = reinterpret_cast<uint32_t*>(base + sc.key);  // n keys
+    // holding positions 64c + l (e0) and 64c + 32 + l (e1). Keys are distinct: a pair without
+    // a v (and a position past P) gets kNone | pair, which sorts after every valid key.
+    constexpr uint32_t kNone = ~0u << 11;
+    uint32_t* sk = reinterpret_cast<uint32_t*>(base + sc.key);  // n keys, each chunk sorted
     uint32_t* hw = reinterpret_cast<uint32_t*>(wtot);           // a bit per position: v's first
     uint32_t* gw = hw + kPlainSortPairs / 32;                   // ... a group's first
     int* nvalid = reinterpret_cast<int*>(gw + kPlainSortPairs / 32);
     int n = 64;
     while (n < P) n <<= 1;
     const int nch = n >> 6;
-    auto step = [](uint32_t v, uint32_t o, bool lower, bool asc) {
-      return lower == asc ? min(v, o) : max(v, o);
-    };
-    auto merge64 = [&](uint32_t& e0, uint32_t& e1, bool asc) {  // strides 32 .. 1 of a size >= 64
-      const uint32_t lo = min(e0, e1), hi = max(e0, e1);
-      e0 = asc ? lo : hi, e1 = asc ? hi : lo;
-#pragma unroll
-      for (int j = 16; j > 0; j >>= 1) {
-        const bool lower = (lane & j) == 0;
-        e0 = step(e0, __shfl_xor_sync(~0u, e0, j), lower, asc);
-        e1 = step(e1, __shfl_xor_sync(~0u, e1, j), lower, asc);
-      }
-    };
 #pragma unroll 1
     for (int c = w; c < nch; c += nw) {  // each chunk sorted in registers (sizes 2 .. 64)
       const int b = c << 6;
@@ -732,34 +721,50 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       for (int h = 0; h < 2; ++h) {
         const int p = b + 32 * h + lane;
         const int k = p < P ? key_of(p) : -1;
-        e[h] = k >= 0 ? (static_cast<uint32_t>(k) << 11) | static_cast<uint32_t>(p) : ~0u;
+        e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
-      warp_bitonic32(e, lane);
-      merge64(e[0], e[1], (b & 64) == 0);
+      warp_bitonic32(e, lane);  // (lanes' e[0] ascending, e[1] descending: merge the 64)
+      const uint32_t lo = min(e[0], e[1]), hi = max(e[0], e[1]);
+      e[0] = lo, e[1] = hi;
+#pragma unroll
+      for (int j = 16; j > 0; j >>= 1) {
+        const bool lower = (lane & j) == 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
+          e[h] = lower ? min(e[h], o) : max(e[h], o);
+        }
+      }
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
     __syncthreads();
     mark(1);
+    const uint32_t* srt = sk;  // the n keys in order
+    if (nch > 1) {
+      // Past a chunk: a key's place is the number of keys below it, the sum over the chunks of
+      // its lower bound there (a binary search of 64 keys, every chunk's step at once: seven
+      // dependent shared-memory loads per key). One barrier, whatever n.
+      uint32_t* out = reinterpret_cast<uint32_t*>(base + sc.scan);
+      constexpr int kMaxChunks = kPlainSortPairs / 64;
 #pragma unroll 1
-    for (int k = 128; k <= n; k <<= 1) {  // sizes past a chunk: strides >= 64 in shared memory
+      for (int i = tid; i < n; i += nt) {
+        const uint32_t x = sk[i];
+        int at[kMaxChunks];
+#pragma unroll
+        for (int c = 0; c < kMaxChunks; ++c) at[c] = c << 6;
 #pragma unroll 1
-      for (int j = k >> 1; j >= 64; j >>= 1) {
-#pragma unroll 1
-        for (int t = tid; t < (n >> 1); t += nt) {
-          const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));
-          const uint32_t x0 = sk[i], x1 = sk[i + j];
-          if ((x0 > x1) == ((i & k) == 0)) sk[i] = x1, sk[i + j] = x0;
-        }
-        __syncthreads();
-      }
-#pragma unroll 1
-      for (int c = w; c < nch; c += nw) {
-        const int b = c << 6;
-        uint32_t e0 = sk[b + lane], e1 = sk[b + 32 + lane];
-        merge64(e0, e1, (b & k) == 0);
-        sk[b + lane] = e0, sk[b + 32 + lane] = e1;
+        for (int st = 32; st > 0; st >>= 1)
+#pragma unroll
+          for (int c = 0; c < kMaxChunks; ++c)
+            if (c < nch && sk[at[c] + st - 1] < x) at[c] += st;
+        int place = 0;
+#pragma unroll
+        for (int c = 0; c < kMaxChunks; ++c)
+          if (c < nch) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
+        out[place] = x;
       }
       __syncthreads();
+      srt = out;
     }
     mark(3);
     // Each position's pair into mem[]; the first position of each v (bits of hw) and the
@@ -767,14 +772,14 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 #pragma unroll 1
     for (int wd = w; wd < (n >> 5); wd += nw) {
       const int i = (wd << 5) | lane;
-      const uint32_t x = sk[i];
-      const bool valid = x != ~0u;
-      const bool head = valid && (i == 0 || (sk[i - 1] >> 11) != (x >> 11));
+      const uint32_t x = srt[i];
+      const bool valid = x < kNone;
+      const bool head = valid && (i == 0 || (srt[i - 1] >> 11) != (x >> 11));
       const unsigned hb = __ballot_sync(~0u, head);
       if (lane == 0) hw[wd] = hb;
       if (valid) mem[i] = static_cast<uint16_t>(x & 0x7ffu);
       if (i == 0 && !valid) *nvalid = 0;
-      if (valid && (i == n - 1 || sk[i + 1] == ~0u)) *nvalid = i + 1;
+      if (valid && (i == n - 1 || srt[i + 1] >= kNone)) *nvalid = i + 1;
     }
     __syncthreads();
     // A group opens at every 32nd position of a v, counted from its first (the nearest bit of
@@ -783,7 +788,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     for (int wd = w; wd < (n >> 5); wd += nw) {
       const int i = (wd << 5) | lane;
       bool open = false;
-      if (sk[i] != ~0u) {
+      if (srt[i] < kNone) {
         int u = wd;
         unsigned m = hw[u] & ((2u << lane) - 1u);
         while (m == 0) m = hw[--u];  // (a valid position has its v's first at or below it)
@@ -801,7 +806,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 #pragma unroll 1
         for (int u = 0; u < wd; ++u) g += __popc(gw[u]);
         const int i = (wd << 5) | lane;
-        gv[g] = static_cast<uint16_t>(sk[i] >> 11);
+        gv[g] = static_cast<uint16_t>(srt[i] >> 11);
         gs[g] = static_cast<uint16_t>(i);
       }
     }
