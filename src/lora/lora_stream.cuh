@@ -510,14 +510,15 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
   }
   return total;
 }
-// A bitonic network over the warp's lanes, sizes 2 .. 32, on H keys per lane: key h of lane l
-// is position 32h + l, each run of 32 sorted on its own, ascending for h = 0 and descending for
-// h = 1 (the two halves of a 64-key chunk, ready for its merge). A step at size k, stride j
-// pairs lanes l and l ^ j; the lower takes the smaller key when l & k is 0 (k < 32) and, at
-// k = 32, when h is 0. Used by plain_build's warp sort (H = 1: 32 keys ascending) and its block
-// sort's chunks (H = 2).
+// Sorts the warp's 32 * H keys ascending (H = 1 or 2; key h of lane l is position 32h + l) with
+// a bitonic network of shuffles. A step at size k, stride j pairs positions i and i ^ j; the
+// lower takes the smaller key when i & k is 0 (the larger otherwise), so at k = 32 key 0 of each
+// lane is sorted ascending and key 1 descending, and the size-64 step (H = 2) merges the two:
+// stride 32 within the lane, then strides 16 .. 1 all ascending. Used by plain_build's warp sort
+// (H = 1) and its block sort's chunks (H = 2).
 template <int H>
-__device__ __forceinline__ void warp_bitonic32(uint32_t (&e)[H], int lane) {
+__device__ __forceinline__ void warp_bitonic_sort(uint32_t (&e)[H], int lane) {
+  static_assert(H == 1 || H == 2, "32 or 64 keys per warp");
 #pragma unroll
   for (int k = 2; k <= 32; k <<= 1)
 #pragma unroll
@@ -530,6 +531,19 @@ __device__ __forceinline__ void warp_bitonic32(uint32_t (&e)[H], int lane) {
         e[h] = lower == asc ? min(e[h], o) : max(e[h], o);
       }
     }
+  if constexpr (H == 2) {
+    const uint32_t lo = min(e[0], e[1]), hi = max(e[0], e[1]);
+    e[0] = lo, e[1] = hi;
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) {
+      const bool lower = (lane & j) == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
+        e[h] = lower ? min(e[h], o) : max(e[h], o);
+      }
+    }
+  }
 }
 // Groups the call's pairs (plain routing, P <= kStreamPlainPairs, V <= kStreamPlainMaxV) as the
 // align output would at block size kStreamMaxBlock: virtual experts ascending, each one's pairs
@@ -615,7 +629,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       const int k = lane < P ? key_of(lane) : -1;
       uint32_t e[1] = {k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane)
                               : ~0u};
-      warp_bitonic32(e, lane);
+      warp_bitonic_sort(e, lane);
       const uint32_t v = e[0];
       const bool valid = v != ~0u;
       const uint32_t prev = __shfl_up_sync(~0u, v, 1);
@@ -723,18 +737,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         const int k = p < P ? key_of(p) : -1;
         e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
-      warp_bitonic32(e, lane);  // (lanes' e[0] ascending, e[1] descending: merge the 64)
-      const uint32_t lo = min(e[0], e[1]), hi = max(e[0], e[1]);
-      e[0] = lo, e[1] = hi;
-#pragma unroll
-      for (int j = 16; j > 0; j >>= 1) {
-        const bool lower = (lane & j) == 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
-          e[h] = lower ? min(e[h], o) : max(e[h], o);
-        }
-      }
+      warp_bitonic_sort(e, lane);
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
     __syncthreads();
