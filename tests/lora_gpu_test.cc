@@ -241,6 +241,8 @@ TEST(LoraGpu, StreamKernelEdges) {
       check_case(c, rng);  // the largest dim
       c.T = 17, c.k = 8, c.S = 5, c.E = 12, c.r_max = 8, c.dim = 520, c.block = 2;
       check_case(c, rng);  // r_max 8
+      c.T = 40, c.k = 8, c.S = 8, c.E = 16, c.r_max = 32, c.dim = 1536, c.block = 32;
+      check_case(c, rng);  // K a multiple of the shrink's piece (its swizzled stages), 4 batches
       c.block = 33;        // just past the stream kernel's block limit: the grid kernel
       check_case(c, rng);
     }

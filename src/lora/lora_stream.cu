@@ -46,7 +46,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 struct MapKey {
   uint64_t w;
   int64_t d0, d1, d2;  // shrink: K, rows, 0; expand: r_max, N, V
-  int32_t kind, tile;  // 0 shrink (tile 0), 1 expand
+  int32_t kind, tile;  // 0 shrink (tile 1: the swizzled map), 1 expand
 };
 struct MapValue {
   ExpandMaps maps;  // shrink: maps.m[0]
@@ -98,24 +98,30 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
              .maps;
 }
 
-// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements, boxes of 8 rows x
-// 256 columns); false where it cannot be made (K < 256, or a driver without the entry point):
-// the kernel then copies row by row.
-bool shrink_map(const KernelArgs& a, CUtensorMap* out) {
-  if (a.dim < kBox) return false;
+// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements). `swizzled`
+// false: boxes of 8 rows x 256 columns, rows packed (512 bytes apart); false where it cannot be
+// made (K < 256, or a driver without the entry point): the kernel then copies row by row.
+// `swizzled` true (the KFULL kernels, K a multiple of the 512-column piece): boxes of 8 rows x 64
+// columns (128 bytes) with the 128-byte swizzle, 16-byte vector u of box row r stored at
+// r * 8 + (u ^ (line & 7)); false where it cannot be made: the launcher then takes the unswizzled
+// kernel.
+bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
+  const int box_cols = swizzled ? kStreamShrinkSwzBox : kBox;
+  if (a.dim < box_cols) return false;
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
-  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, 0};
+  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, swizzled ? 1 : 0};
   const MapValue v = map_cache().get(key, [&](MapValue* mv) {
     std::memset(mv, 0, sizeof(*mv));
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
-    const cuuint32_t box[2] = {kBox, kStreamShrinkRows};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), kStreamShrinkRows};
     const cuuint32_t es[2] = {1, 1};
     mv->maps.ok =
         fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides,
-           box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+           box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+           swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   });
   if (!v.maps.ok) return false;

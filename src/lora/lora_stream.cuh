@@ -64,8 +64,9 @@ struct ExpandMaps {
 int probe_bits();
 // Expand's tensor maps for r_max >= 32 (ok = 0 where none can be made), from the shared cache.
 void expand_maps(const KernelArgs& a, ExpandMaps* out);
-// Shrink's tensor map of A (false where none can be made: the kernel copies row by row).
-bool shrink_map(const KernelArgs& a, CUtensorMap* out);
+// Shrink's tensor map of A, plain or with the 128-byte swizzle (false where none can be made:
+// the kernel copies row by row, or the launcher takes the unswizzled kernel).
+bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled);
 // The launchers of each kernel (lora_stream_shrink.cuh, lora_stream_expand.cuh; T = __nv_bfloat16
 // or __half): a plan run() has validated (stream_shape_ok, stream_tile_ok), `a` with the
 // launch's divisors set (launch_stream).

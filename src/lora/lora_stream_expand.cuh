@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
     molora_lora_expand(KernelArgs a, int stages, const __grid_constant__ ExpandMaps maps) {
   pdl_trigger();  // the next call may launch now; it waits for this one before touching memory
   trace_start(a.trace);
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];  // (the same symbol as the shrink's)
   const int consumers = static_cast<int>(blockDim.x / 32) - 1;
   Ctx x;
   x.a = &a;

@@ -16,13 +16,21 @@ namespace {
 // 2c, 2c + 1, and no operand register is copied into a zero-padded one. Batches past the first
 // (prefill): two m16n8k16 steps with A = x (8 members in rows 0..7, rows 8..15 zero) and B =
 // the weights, giving lane (g, c) rank rows 2c, 2c + 1 of member g. The sums are kept over every
-// K-chunk and stored once: no cross-lane reduction. A stage is two boxes of 8 rows x 256
-// columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte vector
-// (vec / 32) * 256 + g * 32 + vec % 32. Batch 0's x vectors are loaded from global memory before
-// the wait for the piece; members past 8 read x inline, 8 members per batch.
+// K-chunk and stored once: no cross-lane reduction. Batch 0's x vectors are loaded from global
+// memory before the wait for the piece; members past 8 read x inline, 8 members per batch.
 // KFULL: K is a multiple of the piece (kStreamShrinkKc), so no piece ends past K and the loads
 // and steps of a piece carry no bounds test (a compare and a select per 16-byte vector, ~80 of a
 // piece's ~300 instructions).
+// The stage's layout. Not KFULL: two boxes of 8 rows x 256 columns (512 bytes per row): vector
+// `vec` (8 columns) of row g is the 16-byte vector (vec / 32) * 256 + g * 32 + vec % 32. Rows 512
+// bytes apart share their banks, so the 8 lanes of a quarter warp (rows g = 2q, 2q + 1, vectors
+// 4j + c) meet 4 bank groups twice: each 16-byte load takes 8 wavefronts instead of 4.
+// KFULL: eight boxes of 8 rows x 64 columns (128 bytes) with TMA's 128-byte swizzle: vector u
+// (0..7) of box row r in box b is the 16-byte vector b * 64 + r * 8 + (u ^ ((line0 + r) & 7)),
+// line0 the stage's 128-byte line index (0 where the ring is 1024-aligned). Lane (g, c) takes box
+// row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the quarter's rows 2q and
+// 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank groups. The k order is
+// as before (vector 4j + c), so x is read as before; only the rank row a lane stores changes.
 // PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
 // aligned kernels carry none of its code or registers.
 template <typename T, bool KFULL, bool PLAIN>
@@ -34,9 +42,13 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const bool late = a.late_trigger != 0;
   if (!late) pdl_trigger();
   trace_start(a.trace);
-  extern __shared__ __align__(128) uint8_t smem[];
+  // (1024-aligned: the swizzled stages' address arithmetic assumes it, below.)
+  extern __shared__ __align__(1024) uint8_t smem[];
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
+  // The box row this lane's weight vectors come from, and the rank row (of the task's 8) its
+  // batch-0 sums belong to (KFULL: the swizzled layout above; else row gq).
+  const int prow = KFULL ? ((gq >> 1) | ((gq & 1) << 2)) : gq;
   Ctx x;
   x.a = &a;
   x.smem = smem;
@@ -115,6 +127,13 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int q0 = static_cast<int>(u0 - ti0 * x.pieces);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
+  // The 16-byte vector `vec` = 4j + c (superstep j) of the lane's row in a stage. KFULL: every
+  // stage is 1024-aligned (smem is declared so, and stages are 8 KiB), so line0 = 0 and vector
+  // u = 4 (j & 1) + c of box j / 2 sits at prow * 8 + (u ^ prow).
+  const int wsw = prow * 8 + (cq ^ prow);
+  auto widx = [&](int j, int vec) {
+    return KFULL ? (j >> 1) * 64 + (wsw ^ ((j & 1) << 2)) : (vec >> 5) * 256 + gq * 32 + (vec & 31);
+  };
   uint64_t* full = x.full + w * stages;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
   const uint64_t pol = (a.dbg & 8) ? 0 : evict_first_policy();
@@ -152,6 +171,25 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     const bool boxes = boxes_ok && rows == kStreamShrinkRows;
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(b);
+    } else if constexpr (KFULL) {
+      if (boxes) {  // eight boxes of 64 columns, swizzled (the kernel's comment)
+        if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
+        __syncwarp();
+        if (lane < kStreamShrinkKc / kStreamShrinkSwzBox)
+          tma_2d(dst + lane * (kStage / 8), &map, static_cast<int>(k0) + lane * kStreamShrinkSwzBox,
+                 static_cast<int>(row0), b, pol);
+      } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy per
+                // vector, placed as the swizzle places it (rows past `rows` are not read)
+        if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(rows * kStreamShrinkKc * 2));
+        __syncwarp();
+#pragma unroll 1
+        for (int i = lane; i < rows * (kStreamShrinkKc / 8); i += 32) {
+          const int row = i >> 6, vec = i & 63;
+          static_assert(kStreamShrinkKc / 8 == 64, "64 vectors per row of a piece");
+          bulk_g2s(dst + 16 * ((vec >> 3) * 64 + row * 8 + ((vec & 7) ^ row)),
+                   A + (row0 + row) * K + k0 + vec * 8, 16u, b, pol);
+        }
+      }
     } else {
       if (lane == 0)
         bar_arrive_tx(b, boxes ? static_cast<uint32_t>(nbox * kBoxBytes)
@@ -239,8 +277,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
         for (int j = 0; j < kSup; ++j) {
           const int vec = 4 * j + cq;
-          const uint4 wv =
-              (KFULL || vec < nvec) ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+          const uint4 wv = (KFULL || vec < nvec) ? ws[widx(j, vec)] : zero;
           // m16n8k8 with A = the weights (word pairs as loaded: row g takes word 0 / 2, row
           // g + 8 word 1 / 3) and B = one word of x: each step's rows g (words 0, 2) or g + 8
           // (words 1, 3) pair the same k, the other half is discarded. No register of x or of
@@ -261,6 +298,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
             const int64_t xrow =
                 m < count ? static_cast<int64_t>(a.fd_k.div(static_cast<uint32_t>(ids[m]))) * K
                           : -1;
+            static_assert(kSup % 4 == 0, "h + u keeps u's parity (widx)");
 #pragma unroll 1
             for (int h = 0; h < kSup; h += kSup / 2) {
               uint4 xb[kSup / 2];
@@ -275,8 +313,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
               for (int u = 0; u < kSup / 2; ++u) {
                 const int vec = 4 * (h + u) + cq;
-                const uint4 wv =
-                    (KFULL || vec < nvec) ? ws[(vec >> 5) * 256 + gq * 32 + (vec & 31)] : zero;
+                const uint4 wv = (KFULL || vec < nvec) ? ws[widx(h + u, vec)] : zero;
                 mma16816<T>(d[u & 1], xb[u].x, 0u, xb[u].y, 0u, wv.x, wv.y);
                 mma16816<T>(d[u & 1], xb[u].z, 0u, xb[u].w, 0u, wv.z, wv.w);
               }
@@ -322,23 +359,37 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       }
     }
     T* t = static_cast<T*>(a.out);
-    {  // batch 0: rank row gq of members 2cq, 2cq + 1
-      T* tp = t + r0 + gq;
-      if (2 * cq < count && gq < rows)
+    {  // batch 0: rank row prow of members 2cq, 2cq + 1
+      T* tp = t + r0 + prow;
+      if (2 * cq < count && prow < rows)
         tp[static_cast<int64_t>(ids[2 * cq]) * a.r_max] = Cvt<T>::from(acc[0][0]);
-      if (2 * cq + 1 < count && gq < rows)
+      if (2 * cq + 1 < count && prow < rows)
         tp[static_cast<int64_t>(ids[2 * cq + 1]) * a.r_max] = Cvt<T>::from(acc[0][1]);
     }
-    const int n = 2 * cq;
+    // Batches past it: the step's columns 2c, 2c + 1 are rank rows prow(2c), prow(2c + 1), i.e.
+    // 2c, 2c + 1 (one 4-byte store), or with the swizzle c and c + 4 (two 2-byte stores).
+    if constexpr (KFULL) {
 #pragma unroll
-    for (int bt = 1; bt < kB; ++bt) {
-      const int m = bt * 8 + gq;
-      if (bt < nb && m < count && n < rows) {
-        T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
-        if (n + 1 < rows)
-          *reinterpret_cast<uint32_t*>(tp) = pack2<T>(acc[bt][0], acc[bt][1]);
-        else
-          *tp = Cvt<T>::from(acc[bt][0]);
+      for (int bt = 1; bt < kB; ++bt) {
+        const int m = bt * 8 + gq;
+        if (bt < nb && m < count && cq < rows) {
+          T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + cq;
+          tp[0] = Cvt<T>::from(acc[bt][0]);
+          if (cq + 4 < rows) tp[4] = Cvt<T>::from(acc[bt][1]);
+        }
+      }
+    } else {
+      const int n = 2 * cq;
+#pragma unroll
+      for (int bt = 1; bt < kB; ++bt) {
+        const int m = bt * 8 + gq;
+        if (bt < nb && m < count && n < rows) {
+          T* tp = t + static_cast<int64_t>(ids[m]) * a.r_max + r0 + n;
+          if (n + 1 < rows)
+            *reinterpret_cast<uint32_t*>(tp) = pack2<T>(acc[bt][0], acc[bt][1]);
+          else
+            *tp = Cvt<T>::from(acc[bt][0]);
+        }
       }
     }
     __syncwarp();  // ids[] is rewritten by the next task
@@ -347,34 +398,40 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   trace_done(a.trace);
 }
 
+// `map`: the swizzled map (KFULL, always made) or the plain one (use_map 0: none, row copies).
 template <typename T, bool KFULL, bool PLAIN>
-Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
+                        const CUtensorMap& map, int use_map) {
   constexpr auto kern = molora_lora_shrink<T, KFULL, PLAIN>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
   const size_t smem = stream_layout(Op::kShrink, plan.stages, warps, PLAIN).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
   KernelArgs k = a;
   k.dbg = probe_bits();
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  const int use_map = shrink_map(a, &map) ? 1 : 0;
   MOLORA_CUDA_CHECK(launch_kernel(plan.pdl, kern, static_cast<unsigned>(plan.grid),
                                   static_cast<unsigned>(plan.threads), smem, stream, k, plan.stages,
                                   map, use_map));
   return Status::Ok();
 }
 template <typename T, bool KFULL>
-Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  return a.aligned ? launch_shrink_as<T, KFULL, false>(a, plan, stream)
-                   : launch_shrink_as<T, KFULL, true>(a, plan, stream);
+Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
+                     const CUtensorMap& map, int use_map) {
+  return a.aligned ? launch_shrink_as<T, KFULL, false>(a, plan, stream, map, use_map)
+                   : launch_shrink_as<T, KFULL, true>(a, plan, stream, map, use_map);
 }
 
 }  // namespace
 
+// K a multiple of the piece takes the bounds-free kernel with its swizzled stages where the
+// swizzled map can be made; else (and where it cannot) the kernel with bounds tests.
 template <typename T>
 Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  return a.dim % kStreamShrinkKc == 0 ? launch_shrink<T, true>(a, plan, stream)
-                                      : launch_shrink<T, false>(a, plan, stream);
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  if (a.dim % kStreamShrinkKc == 0 && shrink_map(a, &map, true))
+    return launch_shrink<T, true>(a, plan, stream, map, 1);
+  const int use_map = shrink_map(a, &map, false) ? 1 : 0;
+  return launch_shrink<T, false>(a, plan, stream, map, use_map);
 }
 template Status launch_stream_shrink<__nv_bfloat16>(const KernelArgs&, const Plan&, cudaStream_t);
 template Status launch_stream_shrink<__half>(const KernelArgs&, const Plan&, cudaStream_t);
