@@ -98,30 +98,43 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
              .maps;
 }
 
-// The tensor map of A viewed as [S*E*r_max rows, K columns] (16-bit elements). `swizzled`
-// false: boxes of 8 rows x 256 columns, rows packed (512 bytes apart); false where it cannot be
-// made (K < 256, or a driver without the entry point): the kernel then copies row by row.
-// `swizzled` true (the KFULL kernels, K a multiple of the 512-column piece): boxes of 8 rows x 64
-// columns (128 bytes) with the 128-byte swizzle, 16-byte vector u of box row r stored at
-// r * 8 + (u ^ (line & 7)); false where it cannot be made: the launcher then takes the unswizzled
-// kernel.
+// The tensor map of A (16-bit elements). `swizzled` false: A viewed as [S*E*r_max rows, K
+// columns], boxes of 8 rows x 256 columns; false where it cannot be made (K < 256, or a driver
+// without the entry point): the kernel then copies row by row. `swizzled` true (the KFULL
+// kernels, K a multiple of the 512-column piece): A viewed as [K / 64 chunks, rows, 64 columns]
+// (the chunks 128 bytes apart), one box of 8 chunks x 8 rows x 64 columns per piece, with the
+// 128-byte swizzle (lora_stream_shrink.cuh says why); false where it cannot be made: the
+// launcher then takes the kernel with bounds tests and the unswizzled map.
 bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
-  const int box_cols = swizzled ? kStreamShrinkSwzBox : kBox;
-  if (a.dim < box_cols) return false;
+  const int box_cols = swizzled ? kStreamShrinkKc : kBox;
+  if (a.dim < box_cols || (swizzled && a.dim % kStreamShrinkSwzBox != 0)) return false;
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
   const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, swizzled ? 1 : 0};
   const MapValue v = map_cache().get(key, [&](MapValue* mv) {
     std::memset(mv, 0, sizeof(*mv));
+    const cuuint32_t es[3] = {1, 1, 1};
+    if (swizzled) {  // [K / 64 chunks][rows][64 columns]: one box of 8 chunks x 8 rows per piece
+      const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kStreamShrinkSwzBox),
+                                  static_cast<cuuint64_t>(rows),
+                                  static_cast<cuuint64_t>(a.dim / kStreamShrinkSwzBox)};
+      const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.dim) * 2,
+                                     static_cast<cuuint64_t>(kStreamShrinkSwzBox) * 2};
+      const cuuint32_t box[3] = {static_cast<cuuint32_t>(kStreamShrinkSwzBox), kStreamShrinkRows,
+                                 static_cast<cuuint32_t>(kStreamShrinkKc / kStreamShrinkSwzBox)};
+      mv->maps.ok = fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w),
+                       dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+      return;
+    }
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
     const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), kStreamShrinkRows};
-    const cuuint32_t es[2] = {1, 1};
     mv->maps.ok =
         fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides,
-           box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-           swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+           box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   });
   if (!v.maps.ok) return false;

@@ -25,12 +25,14 @@ namespace {
 // `vec` (8 columns) of row g is the 16-byte vector (vec / 32) * 256 + g * 32 + vec % 32. Rows 512
 // bytes apart share their banks, so the 8 lanes of a quarter warp (rows g = 2q, 2q + 1, vectors
 // 4j + c) meet 4 bank groups twice: each 16-byte load takes 8 wavefronts instead of 4.
-// KFULL: eight boxes of 8 rows x 64 columns (128 bytes) with TMA's 128-byte swizzle: vector u
-// (0..7) of box row r in box b is the 16-byte vector b * 64 + r * 8 + (u ^ ((line0 + r) & 7)),
-// line0 the stage's 128-byte line index (0 where the ring is 1024-aligned). Lane (g, c) takes box
-// row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the quarter's rows 2q and
-// 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank groups. The k order is
-// as before (vector 4j + c), so x is read as before; only the rank row a lane stores changes.
+// KFULL: one 3-D box per piece, 8 chunks of 64 columns x 8 rows, [chunk][row][128 bytes], with
+// TMA's 128-byte swizzle: vector u (0..7) of row r in chunk b is the 16-byte vector b * 64 + r * 8
+// + (u ^ ((line0 + r) & 7)), line0 the stage's 128-byte line index (0: stages are 1024-aligned).
+// Lane (g, c) takes row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the
+// quarter's rows 2q and 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank
+// groups. The k order is as before (vector 4j + c), so x is read as before; only the rank row a
+// lane stores changes. (Eight 2-D boxes of 64 columns per piece gave the same layout and were
+// slower on large calls than the two unswizzled boxes: bench/NOTES.md "lora v0.27".)
 // PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
 // aligned kernels carry none of its code or registers.
 template <typename T, bool KFULL, bool PLAIN>
@@ -172,12 +174,12 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(b);
     } else if constexpr (KFULL) {
-      if (boxes) {  // eight boxes of 64 columns, swizzled (the kernel's comment)
+      if (boxes) {  // one box: the piece's 8 chunks x 8 rows, swizzled (the kernel's comment)
         if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
         __syncwarp();
-        if (lane < kStreamShrinkKc / kStreamShrinkSwzBox)
-          tma_2d(dst + lane * (kStage / 8), &map, static_cast<int>(k0) + lane * kStreamShrinkSwzBox,
-                 static_cast<int>(row0), b, pol);
+        if (lane == 0)
+          tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox, b,
+                 pol);
       } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy per
                 // vector, placed as the swizzle places it (rows past `rows` are not read)
         if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(rows * kStreamShrinkKc * 2));
