@@ -123,10 +123,10 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
                                      static_cast<cuuint64_t>(kStreamShrinkSwzBox) * 2};
       const cuuint32_t box[3] = {static_cast<cuuint32_t>(kStreamShrinkSwzBox), kStreamShrinkRows,
                                  static_cast<cuuint32_t>(kStreamShrinkKc / kStreamShrinkSwzBox)};
-      mv->maps.ok = fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w),
-                       dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+      mv->maps.ok =
+          fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w), dims,
+             strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
       return;
     }
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};

@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
         if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
         __syncwarp();
         if (lane == 0)
-          tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox, b,
-                 pol);
+          tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox,
+                 b, pol);
       } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy per
                 // vector, placed as the swizzle places it (rows past `rows` are not read)
         if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(rows * kStreamShrinkKc * 2));
