@@ -152,7 +152,7 @@ constexpr int kStreamMaxBlock = 32;           // pairs per align block the kerne
 constexpr int kStreamShrinkRows = 8;          // shrink: rank rows per task (the plan's tile)
 constexpr int kStreamShrinkKc = 512;          // shrink: K columns per stage
 constexpr int kStreamShrinkBox = 256;         // shrink: K columns per bulk tensor copy (box)
-constexpr int kStreamShrinkSwzBox = 64;       // shrink, swizzled stages: K columns per box
+constexpr int kStreamShrinkSwzBox = 64;       // shrink, swizzled stages: K columns per chunk
 constexpr int kStreamSmemBytes = 227 * 1024;  // dynamic shared memory a stream CTA may take
 constexpr int kStreamSlots = 64;              // slots whose rank and scale live in shared memory
 // Shrink: one warp's partial sums of a task cut between warps (4 batches x 32 lanes x 2 floats)

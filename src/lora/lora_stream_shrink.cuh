@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
   // The 16-byte vector `vec` = 4j + c (superstep j) of the lane's row in a stage. KFULL: every
   // stage is 1024-aligned (smem is declared so, and stages are 8 KiB), so line0 = 0 and vector
-  // u = 4 (j & 1) + c of box j / 2 sits at prow * 8 + (u ^ prow).
+  // u = 4 (j & 1) + c of chunk j / 2 sits at prow * 8 + (u ^ prow).
   const int wsw = prow * 8 + (cq ^ prow);
   auto widx = [&](int j, int vec) {
     return KFULL ? (j >> 1) * 64 + (wsw ^ ((j & 1) << 2)) : (vec >> 5) * 256 + gq * 32 + (vec & 31);
