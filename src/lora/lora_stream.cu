@@ -106,8 +106,7 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
 // 128-byte swizzle (lora_stream_shrink.cuh says why); false where it cannot be made: the
 // launcher then takes the kernel with bounds tests and the unswizzled map.
 bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
-  const int box_cols = swizzled ? kStreamShrinkKc : kBox;
-  if (a.dim < box_cols || (swizzled && a.dim % kStreamShrinkSwzBox != 0)) return false;
+  if (swizzled ? a.dim % kStreamShrinkKc != 0 : a.dim < kBox) return false;
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
@@ -131,7 +130,7 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
     }
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.dim), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.dim) * 2};
-    const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), kStreamShrinkRows};
+    const cuuint32_t box[2] = {kBox, kStreamShrinkRows};
     mv->maps.ok =
         fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(a.w), dims, strides,
            box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,

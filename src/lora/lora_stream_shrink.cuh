@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // stage is 1024-aligned (smem is declared so, and stages are 8 KiB), so line0 = 0 and vector
   // u = 4 (j & 1) + c of chunk j / 2 sits at prow * 8 + (u ^ prow).
   const int wsw = prow * 8 + (cq ^ prow);
-  auto widx = [&](int j, int vec) {
+  auto widx = [&](int j) {
+    const int vec = 4 * j + cq;
     return KFULL ? (j >> 1) * 64 + (wsw ^ ((j & 1) << 2)) : (vec >> 5) * 256 + gq * 32 + (vec & 31);
   };
   uint64_t* full = x.full + w * stages;
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
         for (int j = 0; j < kSup; ++j) {
           const int vec = 4 * j + cq;
-          const uint4 wv = (KFULL || vec < nvec) ? ws[widx(j, vec)] : zero;
+          const uint4 wv = (KFULL || vec < nvec) ? ws[widx(j)] : zero;
           // m16n8k8 with A = the weights (word pairs as loaded: row g takes word 0 / 2, row
           // g + 8 word 1 / 3) and B = one word of x: each step's rows g (words 0, 2) or g + 8
           // (words 1, 3) pair the same k, the other half is discarded. No register of x or of
@@ -300,7 +301,6 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
             const int64_t xrow =
                 m < count ? static_cast<int64_t>(a.fd_k.div(static_cast<uint32_t>(ids[m]))) * K
                           : -1;
-            static_assert(kSup % 4 == 0, "h + u keeps u's parity (widx)");
 #pragma unroll 1
             for (int h = 0; h < kSup; h += kSup / 2) {
               uint4 xb[kSup / 2];
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
 #pragma unroll
               for (int u = 0; u < kSup / 2; ++u) {
                 const int vec = 4 * (h + u) + cq;
-                const uint4 wv = (KFULL || vec < nvec) ? ws[widx(h + u, vec)] : zero;
+                const uint4 wv = (KFULL || vec < nvec) ? ws[widx(h + u)] : zero;
                 mma16816<T>(d[u & 1], xb[u].x, 0u, xb[u].y, 0u, wv.x, wv.y);
                 mma16816<T>(d[u & 1], xb[u].z, 0u, xb[u].w, 0u, wv.z, wv.w);
               }
@@ -369,7 +369,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
         tp[static_cast<int64_t>(ids[2 * cq + 1]) * a.r_max] = Cvt<T>::from(acc[0][1]);
     }
     // Batches past it: the step's columns 2c, 2c + 1 are rank rows prow(2c), prow(2c + 1), i.e.
-    // 2c, 2c + 1 (one 4-byte store), or with the swizzle c and c + 4 (two 2-byte stores).
+    // 2c, 2c + 1 (one 4-byte store), or with the swizzle c and c + 4 (two 2-byte stores). (Two
+    // loops: one loop choosing between the forms cost the plain kernel for other K 8 more bytes
+    // of spills.)
     if constexpr (KFULL) {
 #pragma unroll
       for (int bt = 1; bt < kB; ++bt) {
