@@ -4,6 +4,14 @@ molora_add_test(lora_test SOURCES lora_test.cc LIBS molora_lora)
 molora_add_test(lora_support_test SOURCES lora_support_test.cc LIBS molora_lora)
 if(MOLORA_HAVE_CUDA)
   molora_add_test(lora_gpu_test SOURCES lora_gpu_test.cc lora_gpu_writer.cu LIBS molora_lora GPU)
+  # The stream shrink with MOLORA_LORA_STREAM_PROBE=16: every piece by 16-byte copies to the
+  # stage's (swizzled or plain) places, the path ranks short of 8 rows take piece by piece and
+  # every piece takes where no tensor map can be made (the setting is read once per process).
+  add_test(NAME lora_gpu_shrink_row_copies
+    COMMAND lora_gpu_test
+            --gtest_filter=LoraGpu.StreamKernelEdges:LoraGpu.MatchesReferenceAcrossShapes)
+  set_tests_properties(lora_gpu_shrink_row_copies PROPERTIES
+    ENVIRONMENT MOLORA_LORA_STREAM_PROBE=16 LABELS gpu SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endif()
 # `molora bench lora` one-shape mode: an unknown seed shape or a bad option is a usage error (2),
 # checked before any GPU work.

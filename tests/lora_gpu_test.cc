@@ -223,7 +223,10 @@ TEST(LoraGpu, SeedLikeShapes) {
 // of one tensor-core batch), more slots than its shared-memory rank cache, K and N that end in
 // a partial K-chunk / box / tile (shrink: a box partly past K arrives zero-filled), K < 256
 // (shrink copies row by row: no tensor map), the largest dim, r_max 8 and 128, mixed ranks
-// (per-row copies, masked tails) and the block sizes on both sides of the stream/grid switch.
+// (per-row copies, masked tails), K a multiple of 64 but not of the shrink's 512-column piece
+// (swizzled stages with bounds tests) and the block sizes on both sides of the stream/grid
+// switch. (ctest also runs this test and MatchesReferenceAcrossShapes with probe bit 16: every
+// shrink piece by 16-byte copies, the path of ranks short of 8 rows and of a failed map.)
 TEST(LoraGpu, StreamKernelEdges) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -245,6 +248,16 @@ TEST(LoraGpu, StreamKernelEdges) {
       check_case(c, rng);  // K a multiple of the shrink's piece (its swizzled stages), 4 batches
       c.block = 33;        // just past the stream kernel's block limit: the grid kernel
       check_case(c, rng);
+      // K a multiple of the shrink's 64-column chunk but not of its piece: swizzled stages with
+      // bounds tests, the last piece's box half past K (768), and one piece, its box 3 chunks
+      // past K (320); both routings (the plain kernel is another instantiation).
+      for (RoutingKind rk : {RoutingKind::kAligned, RoutingKind::kPlain}) {
+        c.routing = rk;
+        c.T = 40, c.k = 8, c.S = 8, c.E = 16, c.r_max = 32, c.dim = 768, c.block = 32;
+        check_case(c, rng);
+        c.T = 9, c.k = 4, c.S = 3, c.E = 6, c.r_max = 16, c.dim = 320, c.block = 8;
+        check_case(c, rng);
+      }
     }
 }
 

@@ -100,13 +100,13 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
 
 // The tensor map of A (16-bit elements). `swizzled` false: A viewed as [S*E*r_max rows, K
 // columns], boxes of 8 rows x 256 columns; false where it cannot be made (K < 256, or a driver
-// without the entry point): the kernel then copies row by row. `swizzled` true (the KFULL
-// kernels, K a multiple of the 512-column piece): A viewed as [K / 64 chunks, rows, 64 columns]
-// (the chunks 128 bytes apart), one box of 8 chunks x 8 rows x 64 columns per piece, with the
-// 128-byte swizzle (lora_stream_shrink.cuh says why); false where it cannot be made: the
-// launcher then takes the kernel with bounds tests and the unswizzled map.
+// without the entry point): the kernel then copies row by row. `swizzled` true (the SWZ
+// kernels, K a multiple of the 64-column chunk): A viewed as [K / 64 chunks, rows, 64 columns]
+// (the chunks 128 bytes apart), one box of 8 chunks x 8 rows x 64 columns per piece (chunks past
+// K arrive as zeros), with the 128-byte swizzle (lora_stream_shrink.cuh says why); false where it
+// cannot be made: the launcher then takes the unswizzled kernel and map.
 bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
-  if (swizzled ? a.dim % kStreamShrinkKc != 0 : a.dim < kBox) return false;
+  if (swizzled ? a.dim % kStreamShrinkSwzBox != 0 : a.dim < kBox) return false;
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;

@@ -20,14 +20,17 @@ namespace {
 // memory before the wait for the piece; members past 8 read x inline, 8 members per batch.
 // KFULL: K is a multiple of the piece (kStreamShrinkKc), so no piece ends past K and the loads
 // and steps of a piece carry no bounds test (a compare and a select per 16-byte vector, ~80 of a
-// piece's ~300 instructions).
-// The stage's layout. Not KFULL: two boxes of 8 rows x 256 columns (512 bytes per row): vector
-// `vec` (8 columns) of row g is the 16-byte vector (vec / 32) * 256 + g * 32 + vec % 32. Rows 512
-// bytes apart share their banks, so the 8 lanes of a quarter warp (rows g = 2q, 2q + 1, vectors
-// 4j + c) meet 4 bank groups twice: each 16-byte load takes 8 wavefronts instead of 4.
-// KFULL: one 3-D box per piece, 8 chunks of 64 columns x 8 rows, [chunk][row][128 bytes], with
-// TMA's 128-byte swizzle: vector u (0..7) of row r in chunk b is the 16-byte vector b * 64 + r * 8
-// + (u ^ ((line0 + r) & 7)), line0 the stage's 128-byte line index (0: stages are 1024-aligned).
+// piece's ~300 instructions). KFULL implies SWZ.
+// The stage's layout. Not SWZ (K not a multiple of 64, or no swizzled map): two boxes of 8 rows x
+// 256 columns (512 bytes per row): vector `vec` (8 columns) of row g is the 16-byte vector
+// (vec / 32) * 256 + g * 32 + vec % 32. Rows 512 bytes apart share their banks, so the 8 lanes of
+// a quarter warp (rows g = 2q, 2q + 1, vectors 4j + c) meet 4 bank groups twice: each 16-byte
+// load takes 8 wavefronts instead of 4.
+// SWZ (K a multiple of the 64-column chunk): one 3-D box per piece, 8 chunks of 64 columns x 8
+// rows, [chunk][row][128 bytes], with TMA's 128-byte swizzle: vector u (0..7) of row r in chunk b
+// is the 16-byte vector b * 64 + r * 8 + (u ^ ((line0 + r) & 7)), line0 the stage's 128-byte line
+// index (0: stages are 1024-aligned). A piece that ends past K (not KFULL) takes the same box:
+// its chunks past K arrive as zeros and count in the box's bytes.
 // Lane (g, c) takes row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the
 // quarter's rows 2q and 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank
 // groups. The k order is as before (vector 4j + c), so x is read as before; only the rank row a
@@ -35,7 +38,7 @@ namespace {
 // slower on large calls than the two unswizzled boxes: bench/NOTES.md "lora v0.27".)
 // PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
 // aligned kernels carry none of its code or registers.
-template <typename T, bool KFULL, bool PLAIN>
+template <typename T, bool KFULL, bool SWZ, bool PLAIN>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
                        int use_map) {
@@ -49,8 +52,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int W = static_cast<int>(blockDim.x >> 5), w = static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
   // The box row this lane's weight vectors come from, and the rank row (of the task's 8) its
-  // batch-0 sums belong to (KFULL: the swizzled layout above; else row gq).
-  const int prow = KFULL ? ((gq >> 1) | ((gq & 1) << 2)) : gq;
+  // batch-0 sums belong to (SWZ: the swizzled layout above; else row gq).
+  static_assert(SWZ || !KFULL, "KFULL implies SWZ");
+  const int prow = SWZ ? ((gq >> 1) | ((gq & 1) << 2)) : gq;
   Ctx x;
   x.a = &a;
   x.smem = smem;
@@ -129,13 +133,13 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   const int q0 = static_cast<int>(u0 - ti0 * x.pieces);
   constexpr int kStage = stream_stage_bytes(Op::kShrink);
   uint8_t* ring = smem + static_cast<size_t>(w) * stages * kStage;
-  // The 16-byte vector `vec` = 4j + c (superstep j) of the lane's row in a stage. KFULL: every
+  // The 16-byte vector `vec` = 4j + c (superstep j) of the lane's row in a stage. SWZ: every
   // stage is 1024-aligned (smem is declared so, and stages are 8 KiB), so line0 = 0 and vector
   // u = 4 (j & 1) + c of chunk j / 2 sits at prow * 8 + (u ^ prow).
   const int wsw = prow * 8 + (cq ^ prow);
   auto widx = [&](int j) {
     const int vec = 4 * j + cq;
-    return KFULL ? (j >> 1) * 64 + (wsw ^ ((j & 1) << 2)) : (vec >> 5) * 256 + gq * 32 + (vec & 31);
+    return SWZ ? (j >> 1) * 64 + (wsw ^ ((j & 1) << 2)) : (vec >> 5) * 256 + gq * 32 + (vec & 31);
   };
   uint64_t* full = x.full + w * stages;
   int* ids = reinterpret_cast<int*>(smem + x.L.ids) + w * kStreamMaxBlock;
@@ -174,23 +178,26 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     const bool boxes = boxes_ok && rows == kStreamShrinkRows;
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(b);
-    } else if constexpr (KFULL) {
+    } else if constexpr (SWZ) {
       if (boxes) {  // one box: the piece's 8 chunks x 8 rows, swizzled (the kernel's comment)
         if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
         __syncwarp();
         if (lane == 0)
           tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox,
                  b, pol);
-      } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy per
-                // vector, placed as the swizzle places it (rows past `rows` are not read)
-        if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(rows * kStreamShrinkKc * 2));
+      } else {  // rows < 8 (a rank not a multiple of 8), no map or probe bit 16: one 16-byte
+                // copy per vector, placed as the swizzle places it (rows past `rows` and
+                // columns past K are not read, and not read by the steps either)
+        if (lane == 0)
+          bar_arrive_tx(b, static_cast<uint32_t>(rows * (KFULL ? kStreamShrinkKc : cols) * 2));
         __syncwarp();
 #pragma unroll 1
         for (int i = lane; i < rows * (kStreamShrinkKc / 8); i += 32) {
           const int row = i >> 6, vec = i & 63;
           static_assert(kStreamShrinkKc / 8 == 64, "64 vectors per row of a piece");
-          bulk_g2s(dst + 16 * ((vec >> 3) * 64 + row * 8 + ((vec & 7) ^ row)),
-                   A + (row0 + row) * K + k0 + vec * 8, 16u, b, pol);
+          if (KFULL || vec < (cols >> 3))
+            bulk_g2s(dst + 16 * ((vec >> 3) * 64 + row * 8 + ((vec & 7) ^ row)),
+                     A + (row0 + row) * K + k0 + vec * 8, 16u, b, pol);
         }
       }
     } else {
@@ -372,7 +379,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     // 2c, 2c + 1 (one 4-byte store), or with the swizzle c and c + 4 (two 2-byte stores). (Two
     // loops: one loop choosing between the forms cost the plain kernel for other K 8 more bytes
     // of spills.)
-    if constexpr (KFULL) {
+    if constexpr (SWZ) {
 #pragma unroll
       for (int bt = 1; bt < kB; ++bt) {
         const int m = bt * 8 + gq;
@@ -402,11 +409,11 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   trace_done(a.trace);
 }
 
-// `map`: the swizzled map (KFULL, always made) or the plain one (use_map 0: none, row copies).
-template <typename T, bool KFULL, bool PLAIN>
+// `map`: the swizzled map (SWZ, always made) or the plain one (use_map 0: none, row copies).
+template <typename T, bool KFULL, bool SWZ, bool PLAIN>
 Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
                         const CUtensorMap& map, int use_map) {
-  constexpr auto kern = molora_lora_shrink<T, KFULL, PLAIN>;
+  constexpr auto kern = molora_lora_shrink<T, KFULL, SWZ, PLAIN>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
   const size_t smem = stream_layout(Op::kShrink, plan.stages, warps, PLAIN).total;
   MOLORA_CUDA_CHECK(allow_stream_smem<kern>());
@@ -417,25 +424,27 @@ Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stre
                                   map, use_map));
   return Status::Ok();
 }
-template <typename T, bool KFULL>
+template <typename T, bool KFULL, bool SWZ>
 Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
                      const CUtensorMap& map, int use_map) {
-  return a.aligned ? launch_shrink_as<T, KFULL, false>(a, plan, stream, map, use_map)
-                   : launch_shrink_as<T, KFULL, true>(a, plan, stream, map, use_map);
+  return a.aligned ? launch_shrink_as<T, KFULL, SWZ, false>(a, plan, stream, map, use_map)
+                   : launch_shrink_as<T, KFULL, SWZ, true>(a, plan, stream, map, use_map);
 }
 
 }  // namespace
 
-// K a multiple of the piece takes the bounds-free kernel with its swizzled stages where the
-// swizzled map can be made; else (and where it cannot) the kernel with bounds tests.
+// K a multiple of the 64-column chunk takes a kernel with swizzled stages where the swizzled map
+// can be made: the bounds-free one where K is a multiple of the piece, else the one with bounds
+// tests. Other K (and where the map cannot be made) take the unswizzled kernel with bounds tests.
 template <typename T>
 Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  if (a.dim % kStreamShrinkKc == 0 && shrink_map(a, &map, true))
-    return launch_shrink<T, true>(a, plan, stream, map, 1);
+  if (a.dim % kStreamShrinkSwzBox == 0 && shrink_map(a, &map, true))
+    return a.dim % kStreamShrinkKc == 0 ? launch_shrink<T, true, true>(a, plan, stream, map, 1)
+                                        : launch_shrink<T, false, true>(a, plan, stream, map, 1);
   const int use_map = shrink_map(a, &map, false) ? 1 : 0;
-  return launch_shrink<T, false>(a, plan, stream, map, use_map);
+  return launch_shrink<T, false, false>(a, plan, stream, map, use_map);
 }
 template Status launch_stream_shrink<__nv_bfloat16>(const KernelArgs&, const Plan&, cudaStream_t);
 template Status launch_stream_shrink<__half>(const KernelArgs&, const Plan&, cudaStream_t);
