@@ -249,11 +249,14 @@ TEST(LoraGpu, StreamKernelEdges) {
       c.block = 33;        // just past the stream kernel's block limit: the grid kernel
       check_case(c, rng);
       // K a multiple of the shrink's 64-column chunk but not of its piece: swizzled stages with
-      // bounds tests, the last piece's box half past K (768), and one piece, its box 3 chunks
-      // past K (320); both routings (the plain kernel is another instantiation).
+      // bounds tests and a box of the last piece's chunks (the tail map): 4 of them (768), 1
+      // (1088), and one piece of 5 (320); both routings (the plain kernel is another
+      // instantiation).
       for (RoutingKind rk : {RoutingKind::kAligned, RoutingKind::kPlain}) {
         c.routing = rk;
         c.T = 40, c.k = 8, c.S = 8, c.E = 16, c.r_max = 32, c.dim = 768, c.block = 32;
+        check_case(c, rng);
+        c.T = 12, c.k = 4, c.S = 4, c.E = 8, c.r_max = 16, c.dim = 1088, c.block = 16;
         check_case(c, rng);
         c.T = 9, c.k = 4, c.S = 3, c.E = 6, c.r_max = 16, c.dim = 320, c.block = 8;
         check_case(c, rng);

@@ -46,7 +46,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 struct MapKey {
   uint64_t w;
   int64_t d0, d1, d2;  // shrink: K, rows, 0; expand: r_max, N, V
-  int32_t kind, tile;  // 0 shrink (tile 1: the swizzled map), 1 expand
+  int32_t kind, tile;  // 0 shrink (tile: its ShrinkMapForm), 1 expand
 };
 struct MapValue {
   ExpandMaps maps;  // shrink: maps.m[0]
@@ -98,30 +98,39 @@ void expand_maps(const KernelArgs& a, ExpandMaps* out) {
              .maps;
 }
 
-// The tensor map of A (16-bit elements). `swizzled` false: A viewed as [S*E*r_max rows, K
+// The tensor map of A (16-bit elements). kShrinkMapPlain: A viewed as [S*E*r_max rows, K
 // columns], boxes of 8 rows x 256 columns; false where it cannot be made (K < 256, or a driver
-// without the entry point): the kernel then copies row by row. `swizzled` true (the SWZ
+// without the entry point): the kernel then copies row by row. kShrinkMapSwizzled (the SWZ
 // kernels, K a multiple of the 64-column chunk): A viewed as [K / 64 chunks, rows, 64 columns]
-// (the chunks 128 bytes apart), one box of 8 chunks x 8 rows x 64 columns per piece (chunks past
-// K arrive as zeros), with the 128-byte swizzle (lora_stream_shrink.cuh says why); false where it
-// cannot be made: the launcher then takes the unswizzled kernel and map.
-bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled) {
+// (the chunks 128 bytes apart), one box of 8 chunks (K / 64 where K < 512) x 8 rows x 64
+// columns per piece, with the 128-byte swizzle (lora_stream_shrink.cuh says why);
+// kShrinkMapTail, the same view with a box of the last piece's chunks (K % 512 / 64), so that
+// the piece that ends at K moves no zero-filled chunk. False where they cannot be made: the
+// launcher then takes the unswizzled kernel and map.
+bool shrink_map(const KernelArgs& a, CUtensorMap* out, ShrinkMapForm form) {
+  const int64_t piece_chunks = kStreamShrinkKc / kStreamShrinkSwzBox;
+  const int64_t chunks = a.dim / kStreamShrinkSwzBox;
+  const bool swizzled = form != kShrinkMapPlain;
   if (swizzled ? a.dim % kStreamShrinkSwzBox != 0 : a.dim < kBox) return false;
+  const int64_t box_chunks =
+      form == kShrinkMapTail
+          ? (a.dim % kStreamShrinkKc != 0 ? (a.dim % kStreamShrinkKc) / kStreamShrinkSwzBox
+                                          : piece_chunks)
+          : std::min(chunks, piece_chunks);
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;
-  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, swizzled ? 1 : 0};
+  const MapKey key{reinterpret_cast<uint64_t>(a.w), a.dim, rows, 0, 0, static_cast<int32_t>(form)};
   const MapValue v = map_cache().get(key, [&](MapValue* mv) {
     std::memset(mv, 0, sizeof(*mv));
     const cuuint32_t es[3] = {1, 1, 1};
-    if (swizzled) {  // [K / 64 chunks][rows][64 columns]: one box of 8 chunks x 8 rows per piece
+    if (swizzled) {  // [K / 64 chunks][rows][64 columns]: one box of `box_chunks` x 8 rows
       const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kStreamShrinkSwzBox),
-                                  static_cast<cuuint64_t>(rows),
-                                  static_cast<cuuint64_t>(a.dim / kStreamShrinkSwzBox)};
+                                  static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(chunks)};
       const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.dim) * 2,
                                      static_cast<cuuint64_t>(kStreamShrinkSwzBox) * 2};
       const cuuint32_t box[3] = {static_cast<cuuint32_t>(kStreamShrinkSwzBox), kStreamShrinkRows,
-                                 static_cast<cuuint32_t>(kStreamShrinkKc / kStreamShrinkSwzBox)};
+                                 static_cast<cuuint32_t>(box_chunks)};
       mv->maps.ok =
           fn(&mv->maps.m[0], CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.w), dims,
              strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

@@ -64,9 +64,19 @@ struct ExpandMaps {
 int probe_bits();
 // Expand's tensor maps for r_max >= 32 (ok = 0 where none can be made), from the shared cache.
 void expand_maps(const KernelArgs& a, ExpandMaps* out);
-// Shrink's tensor map of A, plain or with the 128-byte swizzle (false where none can be made:
-// the kernel copies row by row, or the launcher takes the unswizzled kernel).
-bool shrink_map(const KernelArgs& a, CUtensorMap* out, bool swizzled);
+// The shrink kernel's maps of A where its stages are swizzled and K is not a multiple of the
+// piece: `full` for the 512-column pieces, `tail` (a box of the last piece's chunks) for the
+// piece that ends at K (the only one where K < 512: then `full` is the same map).
+struct ShrinkMaps {
+  CUtensorMap full, tail;
+};
+// Shrink's tensor map of A (false where none can be made: the kernel copies row by row, or the
+// launcher takes the unswizzled kernel). Forms: kShrinkMapPlain, boxes of 8 rows x 256 columns;
+// kShrinkMapSwizzled, [K / 64 chunks][rows][64 columns] in boxes of min(8, K / 64) chunks x 8
+// rows with the 128-byte swizzle (K a multiple of 64); kShrinkMapTail, the same view in boxes
+// of the last piece's (K % 512) / 64 chunks (K a multiple of 64, not of 512).
+enum ShrinkMapForm : int { kShrinkMapPlain = 0, kShrinkMapSwizzled = 1, kShrinkMapTail = 2 };
+bool shrink_map(const KernelArgs& a, CUtensorMap* out, ShrinkMapForm form);
 // The launchers of each kernel (lora_stream_shrink.cuh, lora_stream_expand.cuh; T = __nv_bfloat16
 // or __half): a plan run() has validated (stream_shape_ok, stream_tile_ok), `a` with the
 // launch's divisors set (launch_stream).

@@ -2,6 +2,8 @@
 // Included by lora_stream.cu only (one translation unit: see there).
 #pragma once
 
+#include <type_traits>
+
 #include "lora/lora_stream.cuh"
 
 namespace molora::lora::detail {
@@ -29,8 +31,9 @@ namespace {
 // SWZ (K a multiple of the 64-column chunk): one 3-D box per piece, 8 chunks of 64 columns x 8
 // rows, [chunk][row][128 bytes], with TMA's 128-byte swizzle: vector u (0..7) of row r in chunk b
 // is the 16-byte vector b * 64 + r * 8 + (u ^ ((line0 + r) & 7)), line0 the stage's 128-byte line
-// index (0: stages are 1024-aligned). A piece that ends past K (not KFULL) takes the same box:
-// its chunks past K arrive as zeros and count in the box's bytes.
+// index (0: stages are 1024-aligned). Not KFULL: the piece that ends at K takes a box of its own
+// chunks only (ShrinkMaps::tail; a box of 8 chunks there, its chunks past K zero-filled, made
+// K=768 1.7% slower at T >= 64 than the unswizzled stages, bench/NOTES.md "lora v0.28").
 // Lane (g, c) takes row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the
 // quarter's rows 2q and 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank
 // groups. The k order is as before (vector 4j + c), so x is read as before; only the rank row a
@@ -38,9 +41,13 @@ namespace {
 // slower on large calls than the two unswizzled boxes: bench/NOTES.md "lora v0.27".)
 // PLAIN: plain routing (plain_build groups the pairs first); a template parameter so that the
 // aligned kernels carry none of its code or registers.
+// The kernel's map parameter: ShrinkMaps for the swizzled kernel with bounds tests, else one map.
+template <bool KFULL, bool SWZ>
+using ShrinkMapT = std::conditional_t<SWZ && !KFULL, ShrinkMaps, CUtensorMap>;
+
 template <typename T, bool KFULL, bool SWZ, bool PLAIN>
 __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
-    molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ CUtensorMap map,
+    molora_lora_shrink(KernelArgs a, int stages, const __grid_constant__ ShrinkMapT<KFULL, SWZ> map,
                        int use_map) {
   // The next call may launch now (it waits for this one before touching memory); with
   // late_trigger only after this CTA's wait below (moe_delta, KernelArgs).
@@ -180,11 +187,22 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
       if (lane == 0) bar_arrive(b);
     } else if constexpr (SWZ) {
       if (boxes) {  // one box: the piece's 8 chunks x 8 rows, swizzled (the kernel's comment)
-        if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
-        __syncwarp();
-        if (lane == 0)
-          tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox,
-                 b, pol);
+        if constexpr (KFULL) {
+          if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
+          __syncwarp();
+          if (lane == 0)
+            tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox,
+                   b, pol);
+        } else {  // the last piece's box holds its chunks only (cols < the piece: the tail map)
+          const bool tail = cols < kStreamShrinkKc;
+          if (lane == 0)
+            bar_arrive_tx(b, tail ? static_cast<uint32_t>(kStreamShrinkRows * cols * 2)
+                                  : static_cast<uint32_t>(kStage));
+          __syncwarp();
+          if (lane == 0)
+            tma_3d(dst, tail ? &map.tail : &map.full, 0, static_cast<int>(row0),
+                   static_cast<int>(k0) / kStreamShrinkSwzBox, b, pol);
+        }
       } else {  // rows < 8 (a rank not a multiple of 8), no map or probe bit 16: one 16-byte
                 // copy per vector, placed as the swizzle places it (rows past `rows` and
                 // columns past K are not read, and not read by the steps either)
@@ -409,10 +427,10 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   trace_done(a.trace);
 }
 
-// `map`: the swizzled map (SWZ, always made) or the plain one (use_map 0: none, row copies).
+// `map`: the swizzled map(s) (SWZ, always made) or the plain one (use_map 0: none, row copies).
 template <typename T, bool KFULL, bool SWZ, bool PLAIN>
 Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
-                        const CUtensorMap& map, int use_map) {
+                        const ShrinkMapT<KFULL, SWZ>& map, int use_map) {
   constexpr auto kern = molora_lora_shrink<T, KFULL, SWZ, PLAIN>;
   const int warps = stream_consumers_of(Op::kShrink, plan.threads);
   const size_t smem = stream_layout(Op::kShrink, plan.stages, warps, PLAIN).total;
@@ -426,24 +444,34 @@ Status launch_shrink_as(const KernelArgs& a, const Plan& plan, cudaStream_t stre
 }
 template <typename T, bool KFULL, bool SWZ>
 Status launch_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream,
-                     const CUtensorMap& map, int use_map) {
+                     const ShrinkMapT<KFULL, SWZ>& map, int use_map) {
   return a.aligned ? launch_shrink_as<T, KFULL, SWZ, false>(a, plan, stream, map, use_map)
                    : launch_shrink_as<T, KFULL, SWZ, true>(a, plan, stream, map, use_map);
 }
 
 }  // namespace
 
-// K a multiple of the 64-column chunk takes a kernel with swizzled stages where the swizzled map
-// can be made: the bounds-free one where K is a multiple of the piece, else the one with bounds
-// tests. Other K (and where the map cannot be made) take the unswizzled kernel with bounds tests.
+// K a multiple of the 64-column chunk takes a kernel with swizzled stages where the swizzled
+// maps can be made: the bounds-free one where K is a multiple of the piece, else the one with
+// bounds tests (and a second map for the last piece). Other K (and where the maps cannot be
+// made) take the unswizzled kernel with bounds tests.
 template <typename T>
 Status launch_stream_shrink(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (a.dim % kStreamShrinkSwzBox == 0) {
+    if (a.dim % kStreamShrinkKc == 0) {
+      CUtensorMap map;
+      if (shrink_map(a, &map, kShrinkMapSwizzled))
+        return launch_shrink<T, true, true>(a, plan, stream, map, 1);
+    } else {
+      ShrinkMaps maps;
+      if (shrink_map(a, &maps.full, kShrinkMapSwizzled) &&
+          shrink_map(a, &maps.tail, kShrinkMapTail))
+        return launch_shrink<T, false, true>(a, plan, stream, maps, 1);
+    }
+  }
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  if (a.dim % kStreamShrinkSwzBox == 0 && shrink_map(a, &map, true))
-    return a.dim % kStreamShrinkKc == 0 ? launch_shrink<T, true, true>(a, plan, stream, map, 1)
-                                        : launch_shrink<T, false, true>(a, plan, stream, map, 1);
-  const int use_map = shrink_map(a, &map, false) ? 1 : 0;
+  const int use_map = shrink_map(a, &map, kShrinkMapPlain) ? 1 : 0;
   return launch_shrink<T, false, false>(a, plan, stream, map, use_map);
 }
 template Status launch_stream_shrink<__nv_bfloat16>(const KernelArgs&, const Plan&, cudaStream_t);
