@@ -32,8 +32,8 @@ namespace {
 // rows, [chunk][row][128 bytes], with TMA's 128-byte swizzle: vector u (0..7) of row r in chunk b
 // is the 16-byte vector b * 64 + r * 8 + (u ^ ((line0 + r) & 7)), line0 the stage's 128-byte line
 // index (0: stages are 1024-aligned). Not KFULL: the piece that ends at K takes a box of its own
-// chunks only (ShrinkMaps::tail; a box of 8 chunks there, its chunks past K zero-filled, made
-// K=768 1.7% slower at T >= 64 than the unswizzled stages, bench/NOTES.md "lora v0.28").
+// chunks only (ShrinkMaps::tail; an 8-chunk box there, its chunks past K zero-filled, made K=768
+// T=256 1.9% slower than the unswizzled stages, bench/NOTES.md "lora v0.28").
 // Lane (g, c) takes row pr = (g >> 1) | (g & 1) << 2 (the mma's row g is rank row pr): the
 // quarter's rows 2q and 2q + 1 then differ in bit 2 of the swizzle, and its 8 loads meet 8 bank
 // groups. The k order is as before (vector 4j + c), so x is read as before; only the rank row a
@@ -203,9 +203,9 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
             tma_3d(dst, tail ? &map.tail : &map.full, 0, static_cast<int>(row0),
                    static_cast<int>(k0) / kStreamShrinkSwzBox, b, pol);
         }
-      } else {  // rows < 8 (a rank not a multiple of 8), no map or probe bit 16: one 16-byte
-                // copy per vector, placed as the swizzle places it (rows past `rows` and
-                // columns past K are not read, and not read by the steps either)
+      } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy
+                // per vector, placed as the swizzle places it (rows past `rows` and columns
+                // past K are not read, and not read by the steps either)
         if (lane == 0)
           bar_arrive_tx(b, static_cast<uint32_t>(rows * (KFULL ? kStreamShrinkKc : cols) * 2));
         __syncwarp();
