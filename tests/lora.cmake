@@ -4,9 +4,10 @@ molora_add_test(lora_test SOURCES lora_test.cc LIBS molora_lora)
 molora_add_test(lora_support_test SOURCES lora_support_test.cc LIBS molora_lora)
 if(MOLORA_HAVE_CUDA)
   molora_add_test(lora_gpu_test SOURCES lora_gpu_test.cc lora_gpu_writer.cu LIBS molora_lora GPU)
-  # The stream shrink with MOLORA_LORA_STREAM_PROBE=16: every piece by 16-byte copies to the
-  # stage's (swizzled or plain) places, the path ranks short of 8 rows take piece by piece and
-  # every piece takes where no tensor map can be made (the setting is read once per process).
+  # The stream shrink with MOLORA_LORA_STREAM_PROBE=16: every piece copied without a tensor map,
+  # by 16-byte copies to the swizzled stages' places (the path of ranks short of 8 rows) or by
+  # row copies to the unswizzled ones (the path where no map can be made). The setting is read
+  # once per process.
   add_test(NAME lora_gpu_shrink_row_copies
     COMMAND lora_gpu_test
             --gtest_filter=LoraGpu.StreamKernelEdges:LoraGpu.MatchesReferenceAcrossShapes)

@@ -226,7 +226,7 @@ TEST(LoraGpu, SeedLikeShapes) {
 // (per-row copies, masked tails), K a multiple of 64 but not of the shrink's 512-column piece
 // (swizzled stages with bounds tests) and the block sizes on both sides of the stream/grid
 // switch. (ctest also runs this test and MatchesReferenceAcrossShapes with probe bit 16: every
-// shrink piece by 16-byte copies, the path of ranks short of 8 rows and of a failed map.)
+// shrink piece copied without a tensor map, tests/lora.cmake.)
 TEST(LoraGpu, StreamKernelEdges) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());

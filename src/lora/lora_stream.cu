@@ -112,11 +112,9 @@ bool shrink_map(const KernelArgs& a, CUtensorMap* out, ShrinkMapForm form) {
   const int64_t chunks = a.dim / kStreamShrinkSwzBox;
   const bool swizzled = form != kShrinkMapPlain;
   if (swizzled ? a.dim % kStreamShrinkSwzBox != 0 : a.dim < kBox) return false;
+  // (the last piece's chunks: K % 512 / 64, or K / 64 where K < 512)
   const int64_t box_chunks =
-      form == kShrinkMapTail
-          ? (a.dim % kStreamShrinkKc != 0 ? (a.dim % kStreamShrinkKc) / kStreamShrinkSwzBox
-                                          : piece_chunks)
-          : std::min(chunks, piece_chunks);
+      form == kShrinkMapTail ? (chunks - 1) % piece_chunks + 1 : std::min(chunks, piece_chunks);
   const auto fn = encode_fn();
   if (fn == nullptr) return false;
   const int64_t rows = static_cast<int64_t>(a.S) * a.E * a.r_max;

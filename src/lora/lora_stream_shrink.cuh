@@ -186,23 +186,21 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     if (a.dbg & 4) {
       if (lane == 0) bar_arrive(b);
     } else if constexpr (SWZ) {
-      if (boxes) {  // one box: the piece's 8 chunks x 8 rows, swizzled (the kernel's comment)
-        if constexpr (KFULL) {
-          if (lane == 0) bar_arrive_tx(b, static_cast<uint32_t>(kStage));
-          __syncwarp();
-          if (lane == 0)
-            tma_3d(dst, &map, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox,
-                   b, pol);
-        } else {  // the last piece's box holds its chunks only (cols < the piece: the tail map)
-          const bool tail = cols < kStreamShrinkKc;
-          if (lane == 0)
-            bar_arrive_tx(b, tail ? static_cast<uint32_t>(kStreamShrinkRows * cols * 2)
-                                  : static_cast<uint32_t>(kStage));
-          __syncwarp();
-          if (lane == 0)
-            tma_3d(dst, tail ? &map.tail : &map.full, 0, static_cast<int>(row0),
-                   static_cast<int>(k0) / kStreamShrinkSwzBox, b, pol);
-        }
+      if (boxes) {  // one box: the piece's 8 chunks x 8 rows, swizzled (the kernel's comment);
+                    // not KFULL, the last piece's box holds its chunks only (the tail map)
+        const bool tail = !KFULL && cols < kStreamShrinkKc;
+        const CUtensorMap* m;
+        if constexpr (KFULL)
+          m = &map;
+        else
+          m = tail ? &map.tail : &map.full;
+        if (lane == 0)
+          bar_arrive_tx(b, tail ? static_cast<uint32_t>(kStreamShrinkRows * cols * 2)
+                                : static_cast<uint32_t>(kStage));
+        __syncwarp();
+        if (lane == 0)
+          tma_3d(dst, m, 0, static_cast<int>(row0), static_cast<int>(k0) / kStreamShrinkSwzBox, b,
+                 pol);
       } else {  // rows < 8 (a rank not a multiple of 8) or probe bit 16: one 16-byte copy
                 // per vector, placed as the swizzle places it (rows past `rows` and columns
                 // past K are not read, and not read by the steps either)
