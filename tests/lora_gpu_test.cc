@@ -460,15 +460,16 @@ TEST(LoraGpu, StreamShrinkManyTasksPerCta) {
 }
 
 // Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
-// length), or every slot at rank 0 (tasks, none valid). On every kernel, at T = 1 (fewer tasks
-// than CTAs) and 16.
+// length, or with plain routing after the grouping's first barrier), or every slot at rank 0
+// (tasks, none valid). On every kernel, at T = 1 (fewer tasks than CTAs), 6, 16 and 64 (the
+// plain grouping's four ways at top-8: the warp sort, counting, the block sort, the tables).
 TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
   for (Op op : {Op::kShrink, Op::kExpand})
     for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
       for (bool rank0 : {false, true})
-        for (int T : {1, 16}) {
+        for (int T : {1, 6, 16, 64}) {
           Case c;
           c.op = op, c.routing = rk, c.T = T, c.k = 8;
           c.slots = rank0 ? SlotMode::kZipf : SlotMode::kAllNone;
@@ -1046,17 +1047,32 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
     SlotMode sm;
   };
   const Sh shapes[] = {
-      {1, 8, 8, 160, 32, 1536, SlotMode::kZipf},     {8, 8, 8, 160, 32, 1536, SlotMode::kZipf},
-      {64, 8, 8, 160, 32, 1032, SlotMode::kZipf},    {256, 8, 8, 160, 16, 520, SlotMode::kZipf},
-      {100, 2, 1, 3, 32, 264, SlotMode::kOne},       {64, 8, 8, 160, 32, 1032, SlotMode::kHalfNone},
-      {64, 8, 8, 160, 32, 1032, SlotMode::kAllNone}, {33, 3, 40, 16, 64, 136, SlotMode::kDistinct},
-      {4, 8, 256, 256, 8, 64, SlotMode::kZipf},      {255, 8, 4, 64, 128, 136, SlotMode::kSparse},
-      {11, 3, 4, 16, 32, 264, SlotMode::kZipf},      {40, 8, 40, 64, 16, 136, SlotMode::kZipf},
-      {16, 1, 1, 1, 32, 264, SlotMode::kOne},        {7, 7, 8, 32, 16, 264, SlotMode::kZipf},
-      {21, 3, 3, 12, 32, 136, SlotMode::kSparse},    {4, 8, 48, 16, 32, 264, SlotMode::kOne},
-      {8, 8, 60, 16, 32, 264, SlotMode::kOne},       {13, 5, 8, 16, 32, 264, SlotMode::kZipf},
-      {73, 7, 8, 16, 32, 264, SlotMode::kOne},       {57, 9, 6, 12, 16, 136, SlotMode::kZipf},
-      {32, 8, 8, 160, 32, 1032, SlotMode::kZipf},    {257, 1, 4, 16, 32, 264, SlotMode::kZipf},
+      {1, 8, 8, 160, 32, 1536, SlotMode::kZipf},
+      {8, 8, 8, 160, 32, 1536, SlotMode::kZipf},
+      {64, 8, 8, 160, 32, 1032, SlotMode::kZipf},
+      {256, 8, 8, 160, 16, 520, SlotMode::kZipf},
+      {100, 2, 1, 3, 32, 264, SlotMode::kOne},
+      {64, 8, 8, 160, 32, 1032, SlotMode::kHalfNone},
+      {64, 8, 8, 160, 32, 1032, SlotMode::kAllNone},
+      {33, 3, 40, 16, 64, 136, SlotMode::kDistinct},
+      {4, 8, 256, 256, 8, 64, SlotMode::kZipf},
+      {255, 8, 4, 64, 128, 136, SlotMode::kSparse},
+      {11, 3, 4, 16, 32, 264, SlotMode::kZipf},
+      {40, 8, 40, 64, 16, 136, SlotMode::kZipf},
+      {16, 1, 1, 1, 32, 264, SlotMode::kOne},
+      {7, 7, 8, 32, 16, 264, SlotMode::kZipf},
+      {21, 3, 3, 12, 32, 136, SlotMode::kSparse},
+      {4, 8, 48, 16, 32, 264, SlotMode::kOne},
+      {8, 8, 60, 16, 32, 264, SlotMode::kOne},
+      {13, 5, 8, 16, 32, 264, SlotMode::kZipf},
+      {73, 7, 8, 16, 32, 264, SlotMode::kOne},
+      {57, 9, 6, 12, 16, 136, SlotMode::kZipf},
+      {32, 8, 8, 160, 32, 1032, SlotMode::kZipf},
+      {257, 1, 4, 16, 32, 264, SlotMode::kZipf},
+      // one token with an adapter among none, in each way past the warp sort (its pairs last:
+      // the grouping's early way out must see the one warp's valid keys)
+      {7, 8, 8, 160, 32, 1032, SlotMode::kSparse},
+      {30, 8, 8, 160, 32, 1032, SlotMode::kSparse},
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (DType dt : {DType::kBF16, DType::kF16})

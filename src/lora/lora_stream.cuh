@@ -635,6 +635,13 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     const int s = __ldg(a.slot + a.fd_k.div(static_cast<uint32_t>(p)));
     return (s >= 0 && s < a.S && e >= 0 && e < a.E) ? s * a.E + e : -1;
   };
+  // `none`: no pair with a valid v (every slot -1, say) means no group, and the rest of the
+  // grouping is skipped. Each path below but the warp sort ends its first barrier, the one after
+  // the routing loads, with __syncthreads_or of "a valid key seen", and without one goes straight
+  // to its last barrier, so such a call costs the loads and two barriers (before, the whole
+  // grouping: 3.2 us at P = 256 and 5.0 at 2048 on the H200 against 1.1 for the aligned call).
+  // (Not a return there: a second way out of this function took 2 registers more in every plain
+  // kernel, and spills in the plain shrink kernels.)
   if (P <= 32) {
     if (w == 0) {
       const int k = lane < P ? key_of(lane) : -1;
@@ -678,49 +685,53 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     while (G < 32 && 2 * G * P <= nt) G *= 2, ++gshift;
     const int i = tid >> gshift, sub = tid & (G - 1);
     int* hb = cnt;  // per pair: at a v's first pair, its groups; else 0
-    if (tid < P) key[tid] = key_of(tid);
-    __syncthreads();
-    const int v = i < P ? key[i] : -1;
-    int c = 0, rank = 0, less = 0, valid = 0;
-    for (int j = sub; j < P; j += G) {
-      const int kj = key[j];
-      c += kj == v;
-      rank += kj == v && j < i;
-      less += kj >= 0 && kj < v;
-      valid += kj >= 0;
-    }
-#pragma unroll 1
-    for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32)
-      c += __shfl_xor_sync(~0u, c, o);
-      rank += __shfl_xor_sync(~0u, rank, o);
-      less += __shfl_xor_sync(~0u, less, o);
-      valid += __shfl_xor_sync(~0u, valid, o);
-    }
-    if (sub == 0 && i < P) hb[i] = v >= 0 && rank == 0 ? plain_groups_of(c) : 0;
-    __syncthreads();
-    mark(3);
-    int goff = 0, groups = 0;
-    for (int j = sub; j < P; j += G) {
-      const int h = hb[j], kj = key[j];
-      goff += kj < v ? h : 0;  // (pairs without a v hold 0)
-      groups += h;
-    }
-#pragma unroll 1
-    for (int o = G >> 1; o > 0; o >>= 1) {
-      goff += __shfl_xor_sync(~0u, goff, o);
-      groups += __shfl_xor_sync(~0u, groups, o);
-    }
-    if (sub == 0 && i < P && v >= 0) {
-      const int pos = less + rank;
-      mem[pos] = static_cast<uint16_t>(i);
-      if (rank % kStreamMaxBlock == 0) {
-        const int g = goff + rank / kStreamMaxBlock;
-        gv[g] = static_cast<uint16_t>(v);
-        gs[g] = static_cast<uint16_t>(pos);
+    const int own = tid < P ? key_of(tid) : -1;
+    if (tid < P) key[tid] = own;
+    if (__syncthreads_or(own >= 0)) {  // (else no group: see `none` above)
+      const int v = i < P ? key[i] : -1;
+      int c = 0, rank = 0, less = 0, valid = 0;
+      for (int j = sub; j < P; j += G) {
+        const int kj = key[j];
+        c += kj == v;
+        rank += kj == v && j < i;
+        less += kj >= 0 && kj < v;
+        valid += kj >= 0;
       }
+#pragma unroll 1
+      for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32)
+        c += __shfl_xor_sync(~0u, c, o);
+        rank += __shfl_xor_sync(~0u, rank, o);
+        less += __shfl_xor_sync(~0u, less, o);
+        valid += __shfl_xor_sync(~0u, valid, o);
+      }
+      if (sub == 0 && i < P) hb[i] = v >= 0 && rank == 0 ? plain_groups_of(c) : 0;
+      __syncthreads();
+      mark(3);
+      int goff = 0, groups = 0;
+      for (int j = sub; j < P; j += G) {
+        const int h = hb[j], kj = key[j];
+        goff += kj < v ? h : 0;  // (pairs without a v hold 0)
+        groups += h;
+      }
+#pragma unroll 1
+      for (int o = G >> 1; o > 0; o >>= 1) {
+        goff += __shfl_xor_sync(~0u, goff, o);
+        groups += __shfl_xor_sync(~0u, groups, o);
+      }
+      if (sub == 0 && i < P && v >= 0) {
+        const int pos = less + rank;
+        mem[pos] = static_cast<uint16_t>(i);
+        if (rank % kStreamMaxBlock == 0) {
+          const int g = goff + rank / kStreamMaxBlock;
+          gv[g] = static_cast<uint16_t>(v);
+          gs[g] = static_cast<uint16_t>(pos);
+        }
+      }
+      if (tid == 0)
+        gs[groups] = static_cast<uint16_t>(valid), *n_groups = static_cast<uint16_t>(groups);
+    } else if (tid == 0) {
+      *n_groups = 0;
     }
-    if (tid == 0)
-      gs[groups] = static_cast<uint16_t>(valid), *n_groups = static_cast<uint16_t>(groups);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (key, hb: in the stages)
     __syncthreads();
     mark(7);
@@ -738,6 +749,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     int n = 64;
     while (n < P) n <<= 1;
     const int nch = n >> 6;
+    bool seen = false;  // a valid key among this thread's
 #pragma unroll 1
     for (int c = w; c < nch; c += nw) {  // each chunk sorted in registers (sizes 2 .. 64)
       const int b = c << 6;
@@ -746,89 +758,93 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       for (int h = 0; h < 2; ++h) {
         const int p = b + 32 * h + lane;
         const int k = p < P ? key_of(p) : -1;
+        seen |= k >= 0;
         e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
       warp_bitonic_sort(e, lane);
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
-    __syncthreads();
-    mark(1);
-    const uint32_t* srt = sk;  // the n keys in order
-    if (nch > 1) {
-      // Past a chunk: a key's place is the number of keys below it, the sum over the chunks of
-      // its lower bound there (a binary search of 64 keys, every chunk's step at once: seven
-      // dependent shared-memory loads per key). One barrier, whatever n.
-      uint32_t* out = reinterpret_cast<uint32_t*>(base + sc.scan);
-      constexpr int kMaxChunks = kPlainSortPairs / 64;
+    if (__syncthreads_or(seen)) {  // (else no group: see `none` above)
+      mark(1);
+      const uint32_t* srt = sk;  // the n keys in order
+      if (nch > 1) {
+        // Past a chunk: a key's place is the number of keys below it, the sum over the chunks of
+        // its lower bound there (a binary search of 64 keys, every chunk's step at once: seven
+        // dependent shared-memory loads per key). One barrier, whatever n.
+        uint32_t* out = reinterpret_cast<uint32_t*>(base + sc.scan);
+        constexpr int kMaxChunks = kPlainSortPairs / 64;
 #pragma unroll 1
-      for (int i = tid; i < n; i += nt) {
-        const uint32_t x = sk[i];
-        int at[kMaxChunks];
+        for (int i = tid; i < n; i += nt) {
+          const uint32_t x = sk[i];
+          int at[kMaxChunks];
 #pragma unroll
-        for (int c = 0; c < kMaxChunks; ++c) at[c] = c << 6;
+          for (int c = 0; c < kMaxChunks; ++c) at[c] = c << 6;
 #pragma unroll 1
-        for (int st = 32; st > 0; st >>= 1)
+          for (int st = 32; st > 0; st >>= 1)
+#pragma unroll
+            for (int c = 0; c < kMaxChunks; ++c)
+              if (c < nch && sk[at[c] + st - 1] < x) at[c] += st;
+          int place = 0;
 #pragma unroll
           for (int c = 0; c < kMaxChunks; ++c)
-            if (c < nch && sk[at[c] + st - 1] < x) at[c] += st;
-        int place = 0;
-#pragma unroll
-        for (int c = 0; c < kMaxChunks; ++c)
-          if (c < nch) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
-        out[place] = x;
+            if (c < nch) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
+          out[place] = x;
+        }
+        __syncthreads();
+        srt = out;
+      }
+      mark(3);
+      // Each position's pair into mem[]; the first position of each v (bits of hw) and the
+      // number of valid keys.
+#pragma unroll 1
+      for (int wd = w; wd < (n >> 5); wd += nw) {
+        const int i = (wd << 5) | lane;
+        const uint32_t x = srt[i];
+        const bool valid = x < kNone;
+        const bool head = valid && (i == 0 || (srt[i - 1] >> 11) != (x >> 11));
+        const unsigned hb = __ballot_sync(~0u, head);
+        if (lane == 0) hw[wd] = hb;
+        if (valid) mem[i] = static_cast<uint16_t>(x & 0x7ffu);
+        if (i == 0 && !valid) *nvalid = 0;
+        if (valid && (i == n - 1 || srt[i + 1] >= kNone)) *nvalid = i + 1;
       }
       __syncthreads();
-      srt = out;
-    }
-    mark(3);
-    // Each position's pair into mem[]; the first position of each v (bits of hw) and the
-    // number of valid keys.
+      // A group opens at every 32nd position of a v, counted from its first (the nearest bit of
+      // hw at or below the position).
 #pragma unroll 1
-    for (int wd = w; wd < (n >> 5); wd += nw) {
-      const int i = (wd << 5) | lane;
-      const uint32_t x = srt[i];
-      const bool valid = x < kNone;
-      const bool head = valid && (i == 0 || (srt[i - 1] >> 11) != (x >> 11));
-      const unsigned hb = __ballot_sync(~0u, head);
-      if (lane == 0) hw[wd] = hb;
-      if (valid) mem[i] = static_cast<uint16_t>(x & 0x7ffu);
-      if (i == 0 && !valid) *nvalid = 0;
-      if (valid && (i == n - 1 || srt[i + 1] >= kNone)) *nvalid = i + 1;
-    }
-    __syncthreads();
-    // A group opens at every 32nd position of a v, counted from its first (the nearest bit of
-    // hw at or below the position).
-#pragma unroll 1
-    for (int wd = w; wd < (n >> 5); wd += nw) {
-      const int i = (wd << 5) | lane;
-      bool open = false;
-      if (srt[i] < kNone) {
-        int u = wd;
-        unsigned m = hw[u] & ((2u << lane) - 1u);
-        while (m == 0) m = hw[--u];  // (a valid position has its v's first at or below it)
-        open = (i - ((u << 5) | (31 - __clz(m)))) % kStreamMaxBlock == 0;
-      }
-      const unsigned gb = __ballot_sync(~0u, open);
-      if (lane == 0) gw[wd] = gb;
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int wd = w; wd < (n >> 5); wd += nw) {
-      const unsigned gb = gw[wd];
-      if ((gb >> lane) & 1u) {
-        int g = __popc(gb & ((1u << lane) - 1u));
-#pragma unroll 1
-        for (int u = 0; u < wd; ++u) g += __popc(gw[u]);
+      for (int wd = w; wd < (n >> 5); wd += nw) {
         const int i = (wd << 5) | lane;
-        gv[g] = static_cast<uint16_t>(srt[i] >> 11);
-        gs[g] = static_cast<uint16_t>(i);
+        bool open = false;
+        if (srt[i] < kNone) {
+          int u = wd;
+          unsigned m = hw[u] & ((2u << lane) - 1u);
+          while (m == 0) m = hw[--u];  // (a valid position has its v's first at or below it)
+          open = (i - ((u << 5) | (31 - __clz(m)))) % kStreamMaxBlock == 0;
+        }
+        const unsigned gb = __ballot_sync(~0u, open);
+        if (lane == 0) gw[wd] = gb;
       }
-    }
-    if (tid == 0) {
-      int groups = 0;
+      __syncthreads();
 #pragma unroll 1
-      for (int u = 0; u < (n >> 5); ++u) groups += __popc(gw[u]);
-      gs[groups] = static_cast<uint16_t>(*nvalid), *n_groups = static_cast<uint16_t>(groups);
+      for (int wd = w; wd < (n >> 5); wd += nw) {
+        const unsigned gb = gw[wd];
+        if ((gb >> lane) & 1u) {
+          int g = __popc(gb & ((1u << lane) - 1u));
+#pragma unroll 1
+          for (int u = 0; u < wd; ++u) g += __popc(gw[u]);
+          const int i = (wd << 5) | lane;
+          gv[g] = static_cast<uint16_t>(srt[i] >> 11);
+          gs[g] = static_cast<uint16_t>(i);
+        }
+      }
+      if (tid == 0) {
+        int groups = 0;
+#pragma unroll 1
+        for (int u = 0; u < (n >> 5); ++u) groups += __popc(gw[u]);
+        gs[groups] = static_cast<uint16_t>(*nvalid), *n_groups = static_cast<uint16_t>(groups);
+      }
+    } else if (tid == 0) {
+      *n_groups = 0;
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the scratch: in the stages)
     __syncthreads();
@@ -846,6 +862,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   // 1. (the routing ids of 4 pairs per thread in flight at once: 8 was 2.2 KB more code, and no
   // faster at 2048 pairs, bench/NOTES.md "lora v0.22")
   constexpr int kIn = 4;
+  bool seen = false;  // a valid key among this thread's
 #pragma unroll 1
   for (int p0 = tid; p0 < P; p0 += kIn * nt) {
     int k[kIn];
@@ -853,93 +870,95 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     for (int j = 0; j < kIn; ++j) k[j] = p0 + j * nt < P ? key_of(p0 + j * nt) : -1;
 #pragma unroll
     for (int j = 0; j < kIn; ++j)
-      if (p0 + j * nt < P) key[p0 + j * nt] = k[j];
+      if (p0 + j * nt < P) key[p0 + j * nt] = k[j], seen |= k[j] >= 0;
   }
-  __syncthreads();
-  mark(1);
+  int groups = 0;
+  if (__syncthreads_or(seen)) {  // (else no group: see `none` above)
+    mark(1);
 #pragma unroll 1
-  for (int p = tid; p < P; p += nt) {
-    const int k = key[p];
-    if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
-  }
-  __syncthreads();
-  const int D = scan_runs(
-      nwords, [&](int i) { return __popc(bm[i]); }, wpre, wtot);
-  __syncthreads();
-  mark(2);
-  // 2.
-  const int p_end = min(P, (w + 1) * seg);
-#pragma unroll 1
-  for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
-    const int p = p0 + lane;
-    int d = -1;
-    if (p < p_end) {
+    for (int p = tid; p < P; p += nt) {
       const int k = key[p];
-      if (k >= 0) d = wpre[k >> 5] + __popc(bm[k >> 5] & ((1u << (k & 31)) - 1u));
+      if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
     }
-    const unsigned peers = __match_any_sync(~0u, d);
-    const int leader = __ffs(peers) - 1;
-    int b = 0;
-    if (d >= 0 && lane == leader) {
-      b = cntw[w * ds + d];
-      cntw[w * ds + d] = static_cast<uint16_t>(b + __popc(peers));
-    }
-    b = __shfl_sync(~0u, b, leader);
-    if (d >= 0) {
-      dix[p] = static_cast<uint16_t>(d);
-      rl[p] = static_cast<uint16_t>(b + __popc(peers & ((1u << lane) - 1u)));
-    }
-  }
-  __syncthreads();
-  mark(3);
-  // 3. Thread t takes the run [i0, i1) of d: the warps' counts (loaded first, then their
-  // prefixes written), the total into cnt[]; then the block scan of (members << 16 | groups)
-  // (both sums stay below 2^16: P <= 2048) gives scan[].
-  auto packed = [](int c) { return (c << 16) | plain_groups_of(c); };
-  const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
-  int sum = 0;
+    __syncthreads();
+    const int D = scan_runs(
+        nwords, [&](int i) { return __popc(bm[i]); }, wpre, wtot);
+    __syncthreads();
+    mark(2);
+    // 2.
+    const int p_end = min(P, (w + 1) * seg);
 #pragma unroll 1
-  for (int d = i0; d < i1; ++d) {
-    uint32_t c[kPlainMaxWarps];
+    for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
+      const int p = p0 + lane;
+      int d = -1;
+      if (p < p_end) {
+        const int k = key[p];
+        if (k >= 0) d = wpre[k >> 5] + __popc(bm[k >> 5] & ((1u << (k & 31)) - 1u));
+      }
+      const unsigned peers = __match_any_sync(~0u, d);
+      const int leader = __ffs(peers) - 1;
+      int b = 0;
+      if (d >= 0 && lane == leader) {
+        b = cntw[w * ds + d];
+        cntw[w * ds + d] = static_cast<uint16_t>(b + __popc(peers));
+      }
+      b = __shfl_sync(~0u, b, leader);
+      if (d >= 0) {
+        dix[p] = static_cast<uint16_t>(d);
+        rl[p] = static_cast<uint16_t>(b + __popc(peers & ((1u << lane) - 1u)));
+      }
+    }
+    __syncthreads();
+    mark(3);
+    // 3. Thread t takes the run [i0, i1) of d: the warps' counts (loaded first, then their
+    // prefixes written), the total into cnt[]; then the block scan of (members << 16 | groups)
+    // (both sums stay below 2^16: P <= 2048) gives scan[].
+    auto packed = [](int c) { return (c << 16) | plain_groups_of(c); };
+    const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
+    int sum = 0;
+#pragma unroll 1
+    for (int d = i0; d < i1; ++d) {
+      uint32_t c[kPlainMaxWarps];
 #pragma unroll
-    for (int v = 0; v < kPlainMaxWarps; ++v) c[v] = v < nwa ? cntw[v * ds + d] : 0u;
-    uint32_t run = 0;
+      for (int v = 0; v < kPlainMaxWarps; ++v) c[v] = v < nwa ? cntw[v * ds + d] : 0u;
+      uint32_t run = 0;
 #pragma unroll
-    for (int v = 0; v < kPlainMaxWarps; ++v) {
-      if (v < nwa) cntw[v * ds + d] = static_cast<uint16_t>(run);
-      run += c[v];
+      for (int v = 0; v < kPlainMaxWarps; ++v) {
+        if (v < nwa) cntw[v * ds + d] = static_cast<uint16_t>(run);
+        run += c[v];
+      }
+      cnt[d] = static_cast<int>(run);
+      sum += packed(static_cast<int>(run));
     }
-    cnt[d] = static_cast<int>(run);
-    sum += packed(static_cast<int>(run));
-  }
-  int tot;
-  int ex = block_excl_scan(sum, wtot, &tot);
-  mark(4);
+    int tot;
+    int ex = block_excl_scan(sum, wtot, &tot);
+    mark(4);
 #pragma unroll 1
-  for (int d = i0; d < i1; ++d) {
-    scan[d] = ex;
-    ex += packed(cnt[d]);
-  }
-  __syncthreads();
-  mark(5);
-  // 4. (each warp over its pairs of step 2, so that the warp's row of cntw is its own: no
-  // division by seg per pair)
-#pragma unroll 1
-  for (int p = w * seg + lane; p < p_end; p += 32) {
-    const int k = key[p];
-    if (k < 0) continue;
-    const int d = dix[p];
-    const int r = cntw[w * ds + d] + rl[p];
-    const int sd = scan[d], m0 = sd >> 16;
-    mem[m0 + r] = static_cast<uint16_t>(p);
-    if (r % kStreamMaxBlock == 0) {
-      const int g = (sd & 0xffff) + r / kStreamMaxBlock;
-      gv[g] = static_cast<uint16_t>(k);
-      gs[g] = static_cast<uint16_t>(m0 + r);
+    for (int d = i0; d < i1; ++d) {
+      scan[d] = ex;
+      ex += packed(cnt[d]);
     }
+    __syncthreads();
+    mark(5);
+    // 4. (each warp over its pairs of step 2, so that the warp's row of cntw is its own: no
+    // division by seg per pair)
+#pragma unroll 1
+    for (int p = w * seg + lane; p < p_end; p += 32) {
+      const int k = key[p];
+      if (k < 0) continue;
+      const int d = dix[p];
+      const int r = cntw[w * ds + d] + rl[p];
+      const int sd = scan[d], m0 = sd >> 16;
+      mem[m0 + r] = static_cast<uint16_t>(p);
+      if (r % kStreamMaxBlock == 0) {
+        const int g = (sd & 0xffff) + r / kStreamMaxBlock;
+        gv[g] = static_cast<uint16_t>(k);
+        gs[g] = static_cast<uint16_t>(m0 + r);
+      }
+    }
+    groups = tot & 0xffff;
+    if (tid == 0) gs[groups] = static_cast<uint16_t>(tot >> 16);
   }
-  const int groups = tot & 0xffff;
-  if (tid == 0) gs[groups] = static_cast<uint16_t>(tot >> 16);
   mark(6);
   // The scratch may overlap the stages, which bulk copies (the async proxy) fill next.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
