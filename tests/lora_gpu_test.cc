@@ -1069,8 +1069,9 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       {57, 9, 6, 12, 16, 136, SlotMode::kZipf},
       {32, 8, 8, 160, 32, 1032, SlotMode::kZipf},
       {257, 1, 4, 16, 32, 264, SlotMode::kZipf},
-      // one token with an adapter among none, in each way past the warp sort (its pairs last:
-      // the grouping's early way out must see the one warp's valid keys)
+      // one token with an adapter among none in counting and in the block sort (the tables'
+      // way: the 255-token shape above); its pairs last, so the grouping's early way out must
+      // see the valid keys of one warp
       {7, 8, 8, 160, 32, 1032, SlotMode::kSparse},
       {30, 8, 8, 160, 32, 1032, SlotMode::kSparse},
   };

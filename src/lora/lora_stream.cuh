@@ -635,7 +635,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     const int s = __ldg(a.slot + a.fd_k.div(static_cast<uint32_t>(p)));
     return (s >= 0 && s < a.S && e >= 0 && e < a.E) ? s * a.E + e : -1;
   };
-  // `none`: no pair with a valid v (every slot -1, say) means no group, and the rest of the
+  // No valid key: no pair with a valid v (every slot -1, say) means no group, and the rest of the
   // grouping is skipped. Each path below but the warp sort ends its first barrier, the one after
   // the routing loads, with __syncthreads_or of "a valid key seen", and without one goes straight
   // to its last barrier, so such a call costs the loads and two barriers (before, the whole
@@ -687,7 +687,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     int* hb = cnt;  // per pair: at a v's first pair, its groups; else 0
     const int own = tid < P ? key_of(tid) : -1;
     if (tid < P) key[tid] = own;
-    if (__syncthreads_or(own >= 0)) {  // (else no group: see `none` above)
+    if (__syncthreads_or(own >= 0)) {  // (else no group: "No valid key" above)
       const int v = i < P ? key[i] : -1;
       int c = 0, rank = 0, less = 0, valid = 0;
       for (int j = sub; j < P; j += G) {
@@ -764,7 +764,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       warp_bitonic_sort(e, lane);
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
-    if (__syncthreads_or(seen)) {  // (else no group: see `none` above)
+    if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
       mark(1);
       const uint32_t* srt = sk;  // the n keys in order
       if (nch > 1) {
@@ -873,7 +873,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       if (p0 + j * nt < P) key[p0 + j * nt] = k[j], seen |= k[j] >= 0;
   }
   int groups = 0;
-  if (__syncthreads_or(seen)) {  // (else no group: see `none` above)
+  if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
     mark(1);
 #pragma unroll 1
     for (int p = tid; p < P; p += nt) {
