@@ -1074,6 +1074,15 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       // see the valid keys of one warp
       {7, 8, 8, 160, 32, 1032, SlotMode::kSparse},
       {30, 8, 8, 160, 32, 1032, SlotMode::kSparse},
+      // the warp sort's network cut to the power of two n >= P: P = 1, 2, 3, 5, 9, 17 (n = 1,
+      // 2, 4, 8, 16, 32) and 16 with one token's adapter among none
+      {1, 1, 4, 16, 32, 264, SlotMode::kZipf},
+      {1, 2, 4, 16, 32, 264, SlotMode::kZipf},
+      {3, 1, 4, 16, 32, 264, SlotMode::kDistinct},
+      {5, 1, 4, 16, 32, 264, SlotMode::kZipf},
+      {3, 3, 4, 16, 32, 264, SlotMode::kZipf},
+      {17, 1, 4, 16, 32, 264, SlotMode::kZipf},
+      {2, 8, 8, 160, 32, 1032, SlotMode::kSparse},
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (DType dt : {DType::kBF16, DType::kF16})

@@ -555,10 +555,16 @@ TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
   ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
   EXPECT_EQ(d.expand.variant, "expand.plain-stream.bf16");
   EXPECT_TRUE(d.expand.early_inputs);
-  plain.num_tokens = 4;  // 32 pairs: the grid kernels, nothing read early
+  plain.num_tokens = 4;  // 32 pairs: the grid shrink, the stream expand (N * r_max >= 131072)
+  ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
+  EXPECT_EQ(d.shrink.kernel, "grid");
+  EXPECT_EQ(d.expand.kernel, "stream");
+  EXPECT_TRUE(d.expand.early_inputs);
+  o.kernel = "grid";  // the grid kernels: nothing read early
   ASSERT_TRUE(plan_delta(plain, 4096, &d, o).ok());
   EXPECT_EQ(d.expand.kernel, "grid");
   EXPECT_FALSE(d.expand.early_inputs);
+  o.kernel.clear();
   // Errors: the expand's N, an expand problem, no output.
   Status st = plan_delta(pb, 12, &d, o);
   EXPECT_NE(st.message().find("N must be"), std::string::npos) << st.message();
@@ -723,7 +729,8 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   {
     // The planner's default for plain routing: shrink from 64 pairs where K * r_max > 131072,
-    // else from 128; expand from 64 where N * r_max >= 131072, else from 256.
+    // else from 128; expand always where N * r_max >= 131072 (T=1 too, since v0.29), else from
+    // 256.
     PlanOptions d = o;
     d.kernel.clear();
     struct Rule {
@@ -736,7 +743,9 @@ TEST(LoraPlan, StreamKernelChoice) {
         {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 8, "stream"},
         {Op::kShrink, 6144, 32, 7, "grid"},    {Op::kShrink, 4096, 32, 16, "stream"},
         {Op::kShrink, 4096, 32, 15, "grid"},   {Op::kShrink, 4096, 32, 8, "grid"},
-        {Op::kExpand, 4096, 32, 8, "stream"},  {Op::kExpand, 4096, 32, 7, "grid"},
+        {Op::kExpand, 4096, 32, 8, "stream"},  {Op::kExpand, 4096, 32, 7, "stream"},
+        {Op::kExpand, 4096, 32, 1, "stream"},  {Op::kExpand, 6144, 32, 1, "stream"},
+        {Op::kExpand, 8192, 16, 1, "stream"},  {Op::kExpand, 2048, 32, 1, "grid"},
         {Op::kExpand, 2048, 16, 31, "grid"},   {Op::kExpand, 2048, 16, 32, "stream"},
     };
     for (const Rule& r : rules) {

@@ -296,12 +296,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // bench/NOTES.md "lora v0.21" and "v0.22"): shrink from 64 pairs where a virtual expert's
   // weight has K * r_max > 131072 elements (v0.22, T=8: K=6144 14.53 vs 15.16 us, K=7168 15.13
   // vs 16.71; grid faster at K=4096 r32, 11.50 vs 11.33, and K=2048 r16, 6.82 vs 5.95), else
-  // from 128 (T=16: 10.2 vs 11.9 at K=2048, v0.21); expand from 64 pairs where N * r_max >=
-  // 131072 (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2), else from 256 (N2048 r16: grid
-  // faster at T=8 and 16, 9.26 vs 8.52; stream from T=32, 11.65 vs 14.57).
+  // from 128 (T=16: 10.2 vs 11.9 at K=2048, v0.21); expand always where N * r_max >= 131072
+  // (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2; from 64 pairs until v0.29, which took T=1
+  // too, where the v0.28 tables had it faster on both GPUs: H200 N6144 / N7168 / N4096 4.44 /
+  // 4.60 / 4.16 vs 4.75 / 4.92 / 4.46 us, H100 4.74 / 4.95 / 4.33 vs 5.04 / 5.24 / 4.59), else
+  // from 256 (N2048 r16: grid faster at T=1, 8 and 16, 3.75 vs 4.18 at T=1 on the H200, 9.26 vs
+  // 8.52 at T=8; stream from T=32, 11.65 vs 14.57).
   const int64_t weight = dim * pb.r_max;  // a virtual expert's weight, elements
   const int64_t plain_from =
-      pb.op == Op::kShrink ? (weight > 131072 ? 64 : 128) : (weight >= 131072 ? 64 : 256);
+      pb.op == Op::kShrink ? (weight > 131072 ? 64 : 128) : (weight >= 131072 ? 0 : 256);
   if (kernel.empty())
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")

@@ -526,12 +526,15 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
 // lower takes the smaller key when i & k is 0 (the larger otherwise), so at k = 32 key 0 of each
 // lane is sorted ascending and key 1 descending, and the size-64 step (H = 2) merges the two:
 // stride 32 within the lane, then strides 16 .. 1 all ascending. Used by plain_build's warp sort
-// (H = 1) and its block sort's chunks (H = 2).
+// (H = 1) and its block sort's chunks (H = 2). n (H = 1, warp-uniform, a power of two <= 32):
+// only the sizes up to n, so that lanes [0, n) end sorted ascending (the steps pair lanes within
+// blocks of n; lanes past n are left in any order): where only the first n lanes hold keys.
 template <int H>
-__device__ __forceinline__ void warp_bitonic_sort(uint32_t (&e)[H], int lane) {
+__device__ __forceinline__ void warp_bitonic_sort(uint32_t (&e)[H], int lane, int n = 32) {
   static_assert(H == 1 || H == 2, "32 or 64 keys per warp");
 #pragma unroll
-  for (int k = 2; k <= 32; k <<= 1)
+  for (int k = 2; k <= 32; k <<= 1) {
+    if (H == 1 && k > n) break;
 #pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
       const bool lower = (lane & j) == 0;
@@ -542,6 +545,7 @@ __device__ __forceinline__ void warp_bitonic_sort(uint32_t (&e)[H], int lane) {
         e[h] = lower == asc ? min(e[h], o) : max(e[h], o);
       }
     }
+  }
   if constexpr (H == 2) {
     const uint32_t lo = min(e[0], e[1]), hi = max(e[0], e[1]);
     e[0] = lo, e[1] = hi;
@@ -636,9 +640,10 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     return (s >= 0 && s < a.S && e >= 0 && e < a.E) ? s * a.E + e : -1;
   };
   // No valid key: no pair with a valid v (every slot -1, say) means no group, and the rest of the
-  // grouping is skipped. Each path below but the warp sort ends its first barrier, the one after
-  // the routing loads, with __syncthreads_or of "a valid key seen", and without one goes straight
-  // to its last barrier, so such a call costs the loads and two barriers (before, the whole
+  // grouping is skipped. The warp sort (P <= 32, one warp) skips its network. Each other path
+  // ends its first barrier, the one after the routing loads, with __syncthreads_or of "a valid
+  // key seen", and without one goes straight to its last barrier, so such a call costs the loads
+  // and two barriers (before, the whole
   // grouping: 3.2 us at P = 256 and 5.0 at 2048 on the H200 against 1.1 for the aligned call).
   // (Not a return there: a second way out of this function took 2 registers more in every plain
   // kernel, and spills in the plain shrink kernels.)
@@ -647,7 +652,10 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       const int k = lane < P ? key_of(lane) : -1;
       uint32_t e[1] = {k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane)
                               : ~0u};
-      warp_bitonic_sort(e, lane);
+      // Keys only in lanes [0, P): the network up to the power of two n >= P (6 steps of 15 at
+      // P = 8, one token at top-8), and none at all without a valid key ("No valid key" above).
+      if (__any_sync(~0u, k >= 0))
+        warp_bitonic_sort(e, lane, P <= 1 ? 1 : 1 << (32 - __clz(P - 1)));
       const uint32_t v = e[0];
       const bool valid = v != ~0u;
       const uint32_t prev = __shfl_up_sync(~0u, v, 1);
