@@ -728,9 +728,8 @@ TEST(LoraPlan, StreamKernelChoice) {
   EXPECT_EQ(pl.stages, 2);
   EXPECT_LE(pl.smem_bytes, 227u * 1024);
   {
-    // The planner's default for plain routing: shrink from 64 pairs where K * r_max > 131072,
-    // else from 128; expand always where N * r_max >= 131072 (T=1 too, since v0.29), else from
-    // 256.
+    // The planner's default for plain routing (v0.29): shrink from 33 pairs where K * r_max >
+    // 131072, else from 128; expand always where N * r_max >= 131072, else from 96.
     PlanOptions d = o;
     d.kernel.clear();
     struct Rule {
@@ -740,13 +739,13 @@ TEST(LoraPlan, StreamKernelChoice) {
       const char* kernel;
     };
     const Rule rules[] = {
-        {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 8, "stream"},
-        {Op::kShrink, 6144, 32, 7, "grid"},    {Op::kShrink, 4096, 32, 16, "stream"},
+        {Op::kShrink, 6144, 32, 64, "stream"}, {Op::kShrink, 6144, 32, 5, "stream"},
+        {Op::kShrink, 6144, 32, 4, "grid"},    {Op::kShrink, 4096, 32, 16, "stream"},
         {Op::kShrink, 4096, 32, 15, "grid"},   {Op::kShrink, 4096, 32, 8, "grid"},
         {Op::kExpand, 4096, 32, 8, "stream"},  {Op::kExpand, 4096, 32, 7, "stream"},
         {Op::kExpand, 4096, 32, 1, "stream"},  {Op::kExpand, 6144, 32, 1, "stream"},
         {Op::kExpand, 8192, 16, 1, "stream"},  {Op::kExpand, 2048, 32, 1, "grid"},
-        {Op::kExpand, 2048, 16, 31, "grid"},   {Op::kExpand, 2048, 16, 32, "stream"},
+        {Op::kExpand, 2048, 16, 11, "grid"},   {Op::kExpand, 2048, 16, 12, "stream"},
     };
     for (const Rule& r : rules) {
       Problem q = problem(r.op, r.T, 160, r.r_max, r.dim);

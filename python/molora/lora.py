@@ -140,8 +140,8 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
               tile: int = 0, unroll: int = 0, kernel: str = "") -> dict:
     """The plan the kernels would use for one call: ``variant``, ``kernel`` ("stream" with
     aligned routing and block_size <= 32 for every expand and for shrink from 16 pairs, and with
-    plain routing for shrink from 64 pairs (128 where K * r_max <= 131072) and expand at any
-    size (from 256 where N * r_max < 131072),
+    plain routing for shrink from 33 pairs (128 where K * r_max <= 131072) and expand at any
+    size (from 96 where N * r_max < 131072),
     else "grid"; pass ``kernel`` to force one; "stream" needs aligned routing with
     block_size <= 32 or plain routing with num_tokens * top_k <= 2048 and
     num_slots * num_experts <= 65536),

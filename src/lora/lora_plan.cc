@@ -292,19 +292,24 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const int64_t stream_from = pb.op == Op::kShrink ? 16 : 0;
   // Plain routing (v0.21): the stream kernel groups the pairs itself (plain_build), which costs
   // it 0.7-9 us over the aligned call (T = 1 to 256; ~0.8 us less since v0.22). The planner takes
-  // it for plain routing where it measured faster than the grid kernel (H100, same run,
-  // bench/NOTES.md "lora v0.21" and "v0.22"): shrink from 64 pairs where a virtual expert's
-  // weight has K * r_max > 131072 elements (v0.22, T=8: K=6144 14.53 vs 15.16 us, K=7168 15.13
-  // vs 16.71; grid faster at K=4096 r32, 11.50 vs 11.33, and K=2048 r16, 6.82 vs 5.95), else
-  // from 128 (T=16: 10.2 vs 11.9 at K=2048, v0.21); expand always where N * r_max >= 131072
-  // (T=8: N6144 12.7 vs 17.4, N4096 r32 10.1 vs 11.2; from 64 pairs until v0.29, which took T=1
-  // too, where the v0.28 tables had it faster on both GPUs: H200 N6144 / N7168 / N4096 4.44 /
-  // 4.60 / 4.16 vs 4.75 / 4.92 / 4.46 us, H100 4.74 / 4.95 / 4.33 vs 5.04 / 5.24 / 4.59), else
-  // from 256 (N2048 r16: grid faster at T=1, 8 and 16, 3.75 vs 4.18 at T=1 on the H200, 9.26 vs
-  // 8.52 at T=8; stream from T=32, 11.65 vs 14.57).
-  const int64_t weight = dim * pb.r_max;  // a virtual expert's weight, elements
+  // it for plain routing where it measured faster than the grid kernel (H100, same run; k = 8,
+  // bench/NOTES.md "lora v0.21", "v0.22" and "v0.29"), by a virtual expert's weight in elements:
+  // - shrink, K * r_max > 131072: from 33 pairs (T=5 / 6 / 7 at K=6144: 11.6 / 12.8 / 13.8 vs
+  //   13.0 / 13.6 / 14.2 us; from 64 until v0.29). At 32 pairs and below the grid kernel's
+  //   grouped mode wins (T=4: 8.78 vs 9.35; T=1 4.91 vs 6.39), though not everywhere (K=7168 T=2
+  //   7.75 on stream vs 8.83, and T=6 grid 13.04 vs 13.57).
+  // - shrink, else: from 128 (T=16: K=2048 r16 8.3 vs 12.0, K=4096 r32 16.1 vs 21.0; grid at T=8,
+  //   6.0 vs 6.9 and 11.3 vs 11.5).
+  // - expand, N * r_max >= 131072: always (v0.29: T=1 / 2 / 4 / 6 at N6144 4.69 / 5.71 / 7.67 /
+  //   10.47 vs 5.01 / 13.20 / 14.95 / 16.02 us on grid, its tile tuned for T=8; N4096 4.33 / 5.05
+  //   / 6.42 / 8.53 vs 4.62 / 8.31 / 9.30 / 10.26; the H200's v0.28 table at T=1 too, N6144 /
+  //   N7168 / N4096 4.44 / 4.60 / 4.16 vs 4.75 / 4.92 / 4.46; from 64 pairs until v0.29).
+  // - expand, else: from 96 (v0.29, N2048 r16: T=12 / 16 7.13 / 7.76 vs 7.50 / 8.54; grid at
+  //   T=8 / 10, 5.68 / 6.88 vs 6.44 / 6.93, and T=1, 3.76 vs 4.18 on the H200; from 256 until
+  //   v0.29).
+  const int64_t weight = dim * pb.r_max;
   const int64_t plain_from =
-      pb.op == Op::kShrink ? (weight > 131072 ? 64 : 128) : (weight >= 131072 ? 0 : 256);
+      pb.op == Op::kShrink ? (weight > 131072 ? 33 : 128) : (weight >= 131072 ? 0 : 96);
   if (kernel.empty())
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
   if (kernel != "grid" && kernel != "stream")
