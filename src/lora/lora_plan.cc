@@ -297,11 +297,11 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // - shrink, K * r_max > 131072: from 33 pairs (T=5 / 6 / 7 at K=6144: 11.6 / 12.8 / 13.8 vs
   //   13.0 / 13.6 / 14.2 us; from 64 until v0.29). At 32 pairs and below the grid kernel's
   //   grouped mode wins (T=4: 8.78 vs 9.35; T=1 4.91 vs 6.39), though not everywhere (K=7168 T=2
-  //   7.75 on stream vs 8.83, and T=6 grid 13.04 vs 13.57).
+  //   7.74 on stream vs 8.83, and T=6 grid 13.04 vs 13.57).
   // - shrink, else: from 128 (T=16: K=2048 r16 8.3 vs 12.0, K=4096 r32 16.1 vs 21.0; grid at T=8,
   //   6.0 vs 6.9 and 11.3 vs 11.5).
-  // - expand, N * r_max >= 131072: always (v0.29: T=1 / 2 / 4 / 6 at N6144 4.69 / 5.71 / 7.67 /
-  //   10.47 vs 5.01 / 13.20 / 14.95 / 16.02 us on grid, its tile tuned for T=8; N4096 4.33 / 5.05
+  // - expand, N * r_max >= 131072: always (v0.29: T=1 / 2 / 4 / 6 at N6144 4.70 / 5.71 / 7.67 /
+  //   10.47 vs 5.01 / 13.19 / 14.95 / 16.02 us on grid, its tile tuned for T=8; N4096 4.33 / 5.05
   //   / 6.42 / 8.53 vs 4.62 / 8.31 / 9.30 / 10.26; the H200's v0.28 table at T=1 too, N6144 /
   //   N7168 / N4096 4.44 / 4.60 / 4.16 vs 4.75 / 4.92 / 4.46; from 64 pairs until v0.29).
   // - expand, else: from 96 (v0.29, N2048 r16: T=12 / 16 7.13 / 7.76 vs 7.50 / 8.54; grid at

@@ -643,8 +643,8 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   // grouping is skipped. The warp sort (P <= 32, one warp) skips its network. Each other path
   // ends its first barrier, the one after the routing loads, with __syncthreads_or of "a valid
   // key seen", and without one goes straight to its last barrier, so such a call costs the loads
-  // and two barriers (before, the whole
-  // grouping: 3.2 us at P = 256 and 5.0 at 2048 on the H200 against 1.1 for the aligned call).
+  // and two barriers (before, the whole grouping: 3.2 us at P = 256 and 5.0 at 2048 on the H200
+  // against 1.1 for the aligned call).
   // (Not a return there: a second way out of this function took 2 registers more in every plain
   // kernel, and spills in the plain shrink kernels.)
   if (P <= 32) {
