@@ -1,5 +1,7 @@
 // lora host helpers without a GPU: the benchmark's shape names and timeline summary, the stream
 // kernels' tensor-map memo (memo_cache.h) and their divisions by launch constants (fastdiv.h).
+#include <cstdio>
+#include <fstream>
 #include <random>
 
 #include "core/cuda_util.h"
@@ -157,6 +159,91 @@ TEST(LoraBench, ParseShapeTakesSeedAndCustomNames) {
     EXPECT_FALSE(b::parse_shape(bad, &sh)) << bad;
     EXPECT_EQ(sh.name, before.name) << bad;  // untouched
   }
+}
+
+// The tuner's buckets: token counts each twice the one before, every P from 1 to the last
+// count's in exactly one bucket ([p_min, p_max]).
+TEST(LoraBench, TuneBucketsCoverEveryPairCountOnce) {
+  const std::vector<int> ts = molora::lora::bench::tune_token_counts();
+  ASSERT_FALSE(ts.empty());
+  EXPECT_EQ(ts.front(), 1);
+  for (int k : {1, 4, 8}) {
+    int64_t next = 1;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (i > 0) {
+        EXPECT_EQ(ts[i], 2 * ts[i - 1]);
+      }
+      EXPECT_EQ(molora::lora::bench::tune_p_min(ts[i], k), next) << "T=" << ts[i] << " k=" << k;
+      next = int64_t{ts[i]} * k + 1;
+    }
+  }
+}
+
+// What the tuner writes for a bucket is what the planner reads back: the grid entry (the
+// sweep's best tile only when > 3% faster than the heuristic's) and the stream entry, and the
+// plan takes the faster kernel of the two with its entry's tile.
+TEST(LoraBench, TuneEntriesPlanTheFasterKernel) {
+  using molora::lora::bench::TuneBucket;
+  const std::string path = testing::TempDir() + "lora_tune_entries_test.json";
+  int writes = 0;
+  TuneBucket b;
+  b.op = Op::kShrink;
+  b.shape = molora::lora::bench::seed_shapes()[0];  // K=6144 r32, 160 experts x 8 slots
+  b.routing = RoutingKind::kPlain;
+  b.T = 4, b.k = 8;
+  b.heur_tile = 2, b.heur_unroll = 4, b.heur_us = 9.0;
+  b.best_tile = 4, b.best_unroll = 8, b.best_us = 8.9;  // within 3%: the heuristic's tile
+  b.stream = true, b.stream_tile = 8, b.stream_us = 9.5;
+  Problem pb;
+  pb.op = Op::kShrink;
+  pb.num_tokens = 3;  // P = 24, in the T=4 bucket [17, 32]
+  pb.top_k = 8;
+  pb.num_slots = b.shape.S;
+  pb.num_experts = b.shape.E;
+  pb.r_max = b.shape.r;
+  pb.K = b.shape.dim;
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = path;
+  const std::string tuned = "tuned:" + path;
+  auto plan_with = [&](const TuneBucket& t, Plan* pl) {
+    nlohmann::json doc = {{"entries", molora::lora::bench::tune_entries(t)}};
+    {
+      std::ofstream f(path, std::ios::trunc);
+      f << doc.dump(1) << std::string(64 + writes++, ' ');
+    }
+    const std::vector<nlohmann::json> es = molora::lora::bench::tune_entries(t);
+    EXPECT_EQ(es.size(), t.stream ? 2u : 1u);
+    for (const auto& e : es) {
+      EXPECT_EQ(e["p_min"], 17);
+      EXPECT_EQ(e["p_max"], 32);
+      EXPECT_EQ(e["op"], "shrink");
+      EXPECT_EQ(e["routing"], "plain");
+    }
+    return plan(pb, pl, o);
+  };
+  Plan pl;
+  ASSERT_TRUE(plan_with(b, &pl).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  EXPECT_EQ(pl.source, tuned);
+  EXPECT_EQ(pl.tile, 2);  // (the heuristic's, kept: 8.9 is not 3% below 9.0)
+  EXPECT_EQ(pl.unroll, 4);
+  b.best_us = 8.0;  // > 3% faster: the sweep's tile
+  ASSERT_TRUE(plan_with(b, &pl).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.tile, 4);
+  EXPECT_EQ(pl.unroll, 8);
+  b.stream_us = 7.5;  // the stream kernel faster than the grid's best
+  ASSERT_TRUE(plan_with(b, &pl).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  EXPECT_EQ(pl.tile, 8);
+  b.stream = false;  // not timed: the planner's bounds (33 pairs at this K * r_max: grid)
+  ASSERT_TRUE(plan_with(b, &pl).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "heuristic");
+  std::remove(path.c_str());
 }
 
 // `molora bench lora --timeline`: the summary of the stream kernels' timeline records. Three

@@ -958,6 +958,125 @@ TEST(LoraPlan, TunedConfigIsUsedAndNamed) {
   std::remove(path.c_str());
 }
 
+// The kernel from the tuned file: where the tuner timed both kernels at a token count (a grid
+// and a stream entry of one bucket, each with its "us"), the planner takes the other kernel
+// than its bounds' where that one is more than 3% faster, and says so (kernel_source); elsewhere
+// its bounds (the heuristic), and a kernel asked for (PlanOptions::kernel, MOLORA_LORA_KERNEL) is
+// never overridden. Plain expand N2048 r16, whose bound takes the stream kernel from 96 pairs.
+TEST(LoraPlan, TunedKernelChoiceTakesTheFasterKernelOfABucket) {
+  const std::string path = testing::TempDir() + "lora_tuned_kernel_test.json";
+  int writes = 0;
+  auto write = [&](const std::string& entries) {
+    // (a size of its own each time: the planner rereads a file whose time or size changed)
+    std::ofstream f(path, std::ios::trunc);
+    f << "{\"entries\": [" << entries << "]}" << std::string(64 + writes++, ' ');
+  };
+  auto entry = [](const char* kernel, int p_min, int p_max, int tile, const std::string& us) {
+    return std::string("{\"op\": \"expand\", \"kernel\": \"") + kernel +
+           "\", \"dtype\": \"bf16\", \"routing\": \"plain\", \"dim\": 2048, \"r_max\": 16, "
+           "\"p_min\": " +
+           std::to_string(p_min) + ", \"p_max\": " + std::to_string(p_max) +
+           ", \"tile\": " + std::to_string(tile) +
+           ", \"unroll\": " + (std::string(kernel) == "grid" ? "4" : "0") +
+           (us.empty() ? "" : ", \"us\": " + us) + "}";
+  };
+  Problem pb = problem(Op::kExpand, 8, 128, 16, 2048);  // P = 64: the bounds say grid
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = path;
+  Plan pl;
+  const std::string tuned = "tuned:" + path;
+  // Both timed, the stream kernel faster: stream, and its entry's tile.
+  write(entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 33, 64, 512, "5.25"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");
+  EXPECT_EQ(pl.source, tuned);
+  EXPECT_EQ(pl.tile, 512);
+  EXPECT_NE(pl.to_string().find("kernel=stream [" + tuned + "]"), std::string::npos)
+      << pl.to_string();
+  EXPECT_NE(pl.to_json().find("\"kernel_source\":\"" + tuned + "\""), std::string::npos)
+      << pl.to_json();
+  // A kernel asked for is never overridden: by the options, or by the setting.
+  o.kernel = "grid";
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "forced");
+  EXPECT_EQ(pl.source, tuned);  // (the grid entry's tile)
+  EXPECT_EQ(pl.tile, 256);
+  o.kernel = "";
+  molora::set_setting("MOLORA_LORA_KERNEL", "grid");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "forced");
+  molora::set_setting("MOLORA_LORA_KERNEL", std::nullopt);
+  // A P outside the bucket: the bounds (P = 128 >= 96: stream; P = 16: grid).
+  pb.num_tokens = 16;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.kernel_source, "heuristic");
+  pb.num_tokens = 2;
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "heuristic");
+  pb.num_tokens = 8;
+  // The grid kernel faster: grid, its entry's tile.
+  write(entry("grid", 33, 64, 256, "4.5") + ", " + entry("stream", 33, 64, 512, "5.25"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  EXPECT_EQ(pl.tile, 256);
+  // Within 3% (the tuner's noise): the bounds' kernel, either way.
+  write(entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 33, 64, 512, "6.35"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  pb.num_tokens = 16;  // P = 128: the bounds say stream; the grid entry 2% faster
+  write(entry("grid", 65, 128, 256, "6.37") + ", " + entry("stream", 65, 128, 512, "6.5"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "stream");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  write(entry("grid", 65, 128, 256, "6.0") + ", " + entry("stream", 65, 128, 512, "6.5"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());  // 7.7% faster: grid
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, tuned);
+  EXPECT_EQ(pl.tile, 256);
+  pb.num_tokens = 8;
+  // Nothing to compare: the bounds. A stream entry without a time, or of another bucket, or a
+  // bucket with only the grid kernel's entry (a file from before the tuner timed both).
+  const std::string others[] = {
+      entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 33, 64, 512, ""),
+      entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 9, 64, 512, "5.25"),
+      entry("grid", 33, 64, 256, "6.5"),
+      entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 33, 64, 512, "\"5.25\""),
+      entry("grid", 33, 64, 256, "0") + ", " + entry("stream", 33, 64, 512, "5.25"),
+  };
+  for (const std::string& e : others) {
+    SCOPED_TRACE(e);
+    write(e);
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.kernel, "grid");
+    EXPECT_EQ(pl.kernel_source, "heuristic");
+  }
+  // Where the stream kernel does not apply (plain routing past 2048 pairs), its entry is not
+  // taken however fast.
+  pb.num_tokens = 512;  // P = 4096
+  write(entry("grid", 2049, 4096, 256, "60") + ", " + entry("stream", 2049, 4096, 512, "1"));
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "heuristic");
+  // "none": no file at all.
+  pb.num_tokens = 8;
+  write(entry("grid", 33, 64, 256, "6.5") + ", " + entry("stream", 33, 64, 512, "5.25"));
+  o.config_path = "none";
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_EQ(pl.kernel, "grid");
+  EXPECT_EQ(pl.kernel_source, "heuristic");
+  EXPECT_EQ(pl.source, "heuristic");
+  std::remove(path.c_str());
+}
+
 // A config file (or entry) the kernels cannot use is ignored: the call plans with the
 // heuristic (and the log says why, once) instead of failing or crashing. Found by
 // tests/extra/lora_fuzz.sh: "entries" that is not a list threw from nlohmann::json and ended the

@@ -69,10 +69,14 @@ struct RoutingStats {
 
 // What the planner chose for a Problem; the kernels launch exactly this.
 struct Plan {
-  std::string variant;    // e.g. "expand.plain-grouped.bf16", "shrink.aligned-stream.f16"
-  std::string kernel;     // "grid" (every routing) or "stream" (aligned with block <= 32, or
-                          // plain up to 2048 pairs and S * E <= 65536)
-  std::string source;     // "heuristic" or "tuned:<config file>"
+  std::string variant;  // e.g. "expand.plain-grouped.bf16", "shrink.aligned-stream.f16"
+  std::string kernel;   // "grid" (every routing) or "stream" (aligned with block <= 32, or
+                        // plain up to 2048 pairs and S * E <= 65536)
+  std::string source;   // the tile's: "heuristic", "tuned:<config file>" or "forced"
+  // The kernel's: "heuristic" (the planner's bounds), "tuned:<config file>" (the tuner timed
+  // both kernels at this token count on this GPU: the faster one) or "forced" (PlanOptions::kernel
+  // or MOLORA_LORA_KERNEL).
+  std::string kernel_source;
   int threads = 0;        // threads per CTA
   int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item
   int unroll = 0;         // grid: 16-byte weight loads in flight per thread (4 or 8)

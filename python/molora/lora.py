@@ -142,10 +142,12 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     aligned routing and block_size <= 32 for every expand and for shrink from 16 pairs, and with
     plain routing for shrink from 33 pairs (128 where K * r_max <= 131072) and expand at any
     size (from 96 where N * r_max < 131072),
-    else "grid"; pass ``kernel`` to force one; "stream" needs aligned routing with
+    else "grid", unless the GPU's tuned config timed both kernels at this token count and the other
+    was more than 3% faster; pass ``kernel`` to force one; "stream" needs aligned routing with
     block_size <= 32 or plain routing with num_tokens * top_k <= 2048 and
-    num_slots * num_experts <= 65536),
-    ``source`` ("heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
+    num_slots * num_experts <= 65536), ``kernel_source`` (which of those chose it: "heuristic",
+    "tuned:<file>" or "forced"),
+    ``source`` (the tile's: "heuristic" or "tuned:<file>" or "forced"), ``tile`` (shrink: rank rows,
     expand: N rows per work item), ``unroll`` (grid: 16-byte loads in flight per thread),
     ``stages`` (stream: pipeline stages; shrink: per warp), ``chunks``, ``groups``, ``max_items``,
     ``est_items``, ``grid``/``ctas`` (one CTA per possible item), ``ctas_per_sm`` (resident,

@@ -775,18 +775,6 @@ Status run_table(std::ostream& os, bool quick, int* missed) {
   return Status::Ok();
 }
 
-// The token counts the tuner measures; an entry covers the pairs of its count down to the
-// count below (p_min).
-constexpr int kTuneTs[] = {1, 8, 32, 64, 128, 256};
-int64_t tune_p_min(int T, int k) {
-  int64_t prev = 0;
-  for (int t : kTuneTs) {
-    if (t == T) return prev * k + 1;
-    prev = t;
-  }
-  return 1;
-}
-
 Status tune(const std::string& path, std::ostream& log) {
   double copy = 0;
   MOLORA_RETURN_IF_ERROR(measure_copy_gbps(&copy));
@@ -799,20 +787,21 @@ Status tune(const std::string& path, std::ostream& log) {
   for (Op op : {Op::kExpand, Op::kShrink})
     for (const Shape& sh : seed_shapes())
       for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
-        for (int T : kTuneTs) {
-          // The grid kernel (the planner's default): tile x unroll.
+        for (int T : tune_token_counts()) {
+          // The grid kernel: the heuristic's tile, then tile x unroll.
           std::vector<int> tiles = op == Op::kShrink
                                        ? std::vector<int>{1, 2, 4, 8, 16, 32}
                                        : std::vector<int>{64, 128, 256, 512, 1024, 2048, 4096};
-          double best = 1e30, heur = 0;
-          int bt = 0, bu = 0;
+          TuneBucket tb;
+          tb.op = op, tb.shape = sh, tb.routing = rk, tb.T = T;
           Case c;
           c.op = op, c.shape = sh, c.T = T, c.routing = rk, c.config_path = "none";
+          tb.k = c.k;
           c.kernel = "grid";
           Result r;
           MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
-          heur = r.us;
-          const int ht = r.plan.tile, hu = r.plan.unroll;
+          tb.heur_us = r.us, tb.heur_tile = r.plan.tile, tb.heur_unroll = r.plan.unroll;
+          tb.best_us = 1e30;
           for (int tile : tiles)
             for (int unroll : {4, 8}) {
               if (op == Op::kShrink && tile > sh.r) continue;
@@ -822,29 +811,29 @@ Status tune(const std::string& path, std::ostream& log) {
               log << "  " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
                   << " tile=" << tile << " unroll=" << unroll << ": " << r.us << " us ("
                   << r.pct_copy << "% copy)\n";
-              if (r.us < best) best = r.us, bt = tile, bu = unroll;
+              if (r.us < tb.best_us)
+                tb.best_us = r.us, tb.best_tile = tile, tb.best_unroll = unroll;
             }
-          // The best tile only when it beats the heuristic by more than noise; else the
-          // heuristic's own tile, written down too (`"heuristic": true`), so that the file
-          // keeps what was measured on this GPU when the heuristic changes later.
-          const bool keep = best < heur * 0.97;
-          entries.push_back({{"op", op_name(op)},
-                             {"kernel", c.kernel},
-                             {"dtype", "bf16"},
-                             {"routing", routing_name(rk)},
-                             {"dim", sh.dim},
-                             {"r_max", sh.r},
-                             {"p_min", tune_p_min(T, 8)},
-                             {"p_max", T * 8},
-                             {"tile", keep ? bt : ht},
-                             {"unroll", keep ? bu : hu},
-                             {"us", keep ? best : heur},
-                             {"heuristic", !keep},
-                             {"heuristic_us", heur}});
+          // The stream kernel, where the routing allows it (aligned blocks <= 32 pairs; plain
+          // up to kStreamPlainPairs pairs): its own tile.
+          Problem pb;
+          pb.op = op, pb.num_tokens = T, pb.top_k = c.k, pb.num_slots = sh.S;
+          pb.num_experts = sh.E, pb.r_max = sh.r, pb.routing = rk, pb.block_size = c.block;
+          if (detail::stream_routing_ok(pb)) {
+            c.kernel = "stream", c.force_tile = 0, c.force_unroll = 0;
+            MOLORA_RETURN_IF_ERROR(run_case(c, copy, &r));
+            tb.stream = true, tb.stream_us = r.us, tb.stream_tile = r.plan.tile;
+          }
+          for (nlohmann::json& e : tune_entries(tb)) entries.push_back(std::move(e));
+          const bool keep = tb.best_us < tb.heur_us * 0.97;
           log << "TUNE " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
-              << ": heuristic tile=" << ht << " unroll=" << hu << " " << heur
-              << " us, best tile=" << bt << " unroll=" << bu << " " << best << " us"
-              << (keep ? " (kept)" : " (heuristic kept)") << "\n";
+              << ": heuristic tile=" << tb.heur_tile << " unroll=" << tb.heur_unroll << " "
+              << tb.heur_us << " us, best tile=" << tb.best_tile << " unroll=" << tb.best_unroll
+              << " " << tb.best_us << " us" << (keep ? " (kept)" : " (heuristic kept)");
+          if (tb.stream)
+            log << "; stream " << tb.stream_us
+                << " us: " << (tb.stream_us < (keep ? tb.best_us : tb.heur_us) ? "stream" : "grid");
+          log << "\n";
         }
   nlohmann::json doc = {{"gpu", prop.name},
                         {"copy_gbps", copy},

@@ -4,6 +4,7 @@
 // earlier call in L2), and reports bytes that must move, GB/s and the floor.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -152,7 +153,36 @@ Status run_case(const Case& c, double copy_gbps, Result* out);
 Status run_table(std::ostream& os, bool quick, int* targets_missed);
 // Name of the current GPU ("" without one).
 std::string gpu_name();
-// Sweeps tiles and CTAs per SM for the seed shapes and T buckets, writes a config JSON to path.
+// Sweeps, for the seed shapes, both routings and each token count of tune_token_counts(), the
+// grid kernel's tiles x unrolls and times the stream kernel where it applies; writes a config
+// JSON to path (tune_entries' entries).
 Status tune(const std::string& path, std::ostream& log);
+
+// The token counts the tuner measures (each twice the one before, so that a bucket's P differ
+// by at most 2x): an entry covers the pairs of its count down to the count below (p_min).
+std::vector<int> tune_token_counts();
+int64_t tune_p_min(int T, int k);
+
+// One bucket's measurements (tune): the grid kernel on the heuristic's tile and on the sweep's
+// best, and the stream kernel where it applies (its tile is the planner's, fixed by r_max).
+struct TuneBucket {
+  Op op = Op::kExpand;
+  Shape shape;
+  RoutingKind routing = RoutingKind::kPlain;
+  int T = 1, k = 8;
+  int heur_tile = 0, heur_unroll = 0;
+  double heur_us = 0;
+  int best_tile = 0, best_unroll = 0;
+  double best_us = 0;
+  bool stream = false;  // the stream kernel was timed
+  int stream_tile = 0;
+  double stream_us = 0;
+};
+// The bucket's config entries: the grid kernel's (its best tile where that beats the
+// heuristic's by more than 3%, else the heuristic's own with "heuristic": true) and, where the
+// stream kernel was timed, the stream kernel's. In a bucket that has both, plan() takes the
+// other kernel than its bounds' where that one is more than 3% faster (Plan::kernel_source
+// "tuned:<file>"), and the tile of the kernel it runs.
+std::vector<nlohmann::json> tune_entries(const TuneBucket& b);
 
 }  // namespace molora::lora::bench

@@ -35,6 +35,49 @@ bool parse_shape(const std::string& name, Shape* out) {
   return true;
 }
 
+std::vector<int> tune_token_counts() { return {1, 2, 4, 8, 16, 32, 64, 128, 256}; }
+
+int64_t tune_p_min(int T, int k) {
+  int64_t prev = 0;
+  for (int t : tune_token_counts()) {
+    if (t == T) return prev * k + 1;
+    prev = t;
+  }
+  return 1;
+}
+
+std::vector<nlohmann::json> tune_entries(const TuneBucket& b) {
+  const bool keep = b.best_us < b.heur_us * 0.97;
+  auto entry = [&](const char* kernel) {
+    return nlohmann::json{{"op", op_name(b.op)},
+                          {"kernel", kernel},
+                          {"dtype", "bf16"},
+                          {"routing", routing_name(b.routing)},
+                          {"dim", b.shape.dim},
+                          {"r_max", b.shape.r},
+                          {"p_min", tune_p_min(b.T, b.k)},
+                          {"p_max", int64_t{b.T} * b.k}};
+  };
+  std::vector<nlohmann::json> out;
+  nlohmann::json g = entry("grid");
+  g["tile"] = keep ? b.best_tile : b.heur_tile;
+  g["unroll"] = keep ? b.best_unroll : b.heur_unroll;
+  g["us"] = keep ? b.best_us : b.heur_us;
+  g["heuristic"] = !keep;
+  g["heuristic_us"] = b.heur_us;
+  out.push_back(g);
+  if (b.stream) {
+    nlohmann::json s = entry("stream");
+    s["tile"] = b.stream_tile;
+    s["unroll"] = 0;
+    s["us"] = b.stream_us;
+    s["heuristic"] = true;  // (the stream kernel's tile is the planner's own)
+    s["heuristic_us"] = b.stream_us;
+    out.push_back(s);
+  }
+  return out;
+}
+
 namespace {
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -67,6 +69,8 @@ DeviceFacts device_facts() {
 
 struct Tuned {
   int tile = 0, unroll = 0;
+  double us = -1;                // the entry's measured time ("us"; -1 where it has none)
+  int64_t p_min = 0, p_max = 0;  // the entry's bucket of pairs
 };
 
 // A config entry's field, type-checked: a string, or an integer (a float or a string where an
@@ -98,6 +102,16 @@ int64_t int_field(const nlohmann::json& e, const char* key, int64_t def, bool* b
   }
   return it->get<int64_t>();
 }
+// A number field ("us"): missing gives the default; anything but a finite number sets *bad.
+double num_field(const nlohmann::json& e, const char* key, double def, bool* bad) {
+  auto it = e.find(key);
+  if (it == e.end()) return def;
+  if (!it->is_number() || !std::isfinite(it->get<double>())) {
+    *bad = true;
+    return def;
+  }
+  return it->get<double>();
+}
 
 // Parsed config files, keyed by path. A file that does not parse, or
 // whose "entries" is not a list, is ignored; so is an entry that is not an object or has a field
@@ -108,14 +122,14 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
   if (path.empty() || stat(path.c_str(), &st) != 0) return false;
   // (Reread when its modification time, to the nanosecond, or its size changes: a file
   // rewritten within the same second is read again.)
-  static std::map<std::string, std::pair<std::string, nlohmann::json>> files;
+  static std::map<std::string, std::pair<std::string, std::shared_ptr<const nlohmann::json>>> files;
   const std::string stamp = std::to_string(st.st_mtim.tv_sec) + "." +
                             std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_size);
-  nlohmann::json doc;
+  std::shared_ptr<const nlohmann::json> doc;  // (shared, not copied: a plan looks up to 3 times)
   {
     std::lock_guard<std::mutex> lock(mu());
     auto& slot = files[path];
-    if (slot.first != stamp || slot.second.is_null()) {
+    if (slot.first != stamp || slot.second == nullptr) {
       std::ifstream in(path);
       nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains("entries") ||
@@ -124,7 +138,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
                  "lora: ignoring unreadable config " + path + " (want {\"entries\": [...]})");
         return false;
       }
-      slot = {stamp, j};
+      slot = {stamp, std::make_shared<const nlohmann::json>(std::move(j))};
     }
     doc = slot.second;
   }
@@ -132,7 +146,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
   const int64_t dim = pb.op == Op::kShrink ? pb.K : pb.N;
   int64_t best_p = -1;
   size_t index = 0;
-  for (const auto& e : doc["entries"]) {
+  for (const auto& e : (*doc)["entries"]) {
     const size_t i = index++;
     bool bad = !e.is_object();
     if (!bad &&
@@ -150,6 +164,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
     const int64_t pmin = bad ? 0 : int_field(e, "p_min", 0, &bad);
     const int64_t tile = bad ? 0 : int_field(e, "tile", 0, &bad);
     const int64_t unroll = bad ? 0 : int_field(e, "unroll", 0, &bad);
+    const double us = bad ? -1 : num_field(e, "us", -1, &bad);
     bad = bad || tile < 1;  // (no tile, or none a kernel takes)
     if (bad) {
       log_once("lora-config-entry:" + path + ":" + std::to_string(i),
@@ -162,6 +177,9 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
       best_p = pm;
       out->tile = static_cast<int>(tile);
       out->unroll = static_cast<int>(unroll);
+      out->us = us;
+      out->p_min = pmin;
+      out->p_max = pm;
     }
   }
   return best_p >= 0;
@@ -310,8 +328,30 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   const int64_t weight = dim * pb.r_max;
   const int64_t plain_from =
       pb.op == Op::kShrink ? (weight > 131072 ? 33 : 128) : (weight >= 131072 ? 0 : 96);
-  if (kernel.empty())
+  // The config file (tuned entries): PlanOptions::config_path, else MOLORA_LORA_CONFIG, else the
+  // GPU's file under configs/lora; "none" skips it.
+  std::string cfg = opt.config_path;
+  if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
+  if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
+  pl.kernel_source = kernel.empty() ? "heuristic" : "forced";
+  if (kernel.empty()) {
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
+    // Where the tuner timed both kernels at this P's token count (a grid and a stream entry of
+    // the same bucket, each with its "us"), the other kernel where it was more than 3% faster
+    // than the bounds' (the tuner's rule for tiles: a closer time is within its noise): the
+    // bounds come from one GPU (mostly the H100), the file from the GPU at hand. (Without the
+    // margin, K=2048 aligned shrink at T=1 took the stream kernel on the H100's file, 4.01 vs
+    // 4.12 us, and a call whose slots are all -1 then cost 1.36 us against 1.19.)
+    Tuned tg, ts;
+    if (stream_ok && cfg != "none" && lookup_tuned(cfg, pb, "grid", &tg) &&
+        lookup_tuned(cfg, pb, "stream", &ts) && tg.us > 0 && ts.us > 0 && tg.p_min == ts.p_min &&
+        tg.p_max == ts.p_max) {
+      const bool on_stream = kernel == "stream";
+      if ((on_stream ? tg.us : ts.us) < 0.97 * (on_stream ? ts.us : tg.us))
+        kernel = on_stream ? "grid" : "stream";
+      pl.kernel_source = "tuned:" + cfg;
+    }
+  }
   if (kernel != "grid" && kernel != "stream")
     return Status::InvalidArgument("lora kernel must be grid or stream, got '" + kernel + "'");
   if (kernel == "stream" && !stream_ok)
@@ -400,9 +440,6 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
       tile = std::max(min_tile, tile / 16 * 8);
   }
   pl.source = "heuristic";
-  std::string cfg = opt.config_path;
-  if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
-  if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
   Tuned tuned;
   if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
@@ -485,7 +522,7 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
     bool fresh;
     {
       std::lock_guard<std::mutex> lock(mu());
-      fresh = seen.insert(key.str() + pl.source).second;
+      fresh = seen.insert(key.str() + pl.source + pl.kernel_source).second;
     }
     if (fresh) log("plan", key.str() + ": " + pl.to_string());
   }
@@ -494,7 +531,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
 
 std::string Plan::to_string() const {
   std::ostringstream o;
-  o << variant << " [" << source << "] tile=" << tile;
+  o << variant << " [" << source << "] kernel=" << kernel << " [" << kernel_source
+    << "] tile=" << tile;
   if (stages > 0)
     o << " stages=" << stages;
   else
@@ -509,6 +547,7 @@ std::string Plan::to_string() const {
 std::string Plan::to_json() const {
   nlohmann::json j = {{"variant", variant},
                       {"kernel", kernel},
+                      {"kernel_source", kernel_source},
                       {"stages", stages},
                       {"source", source},
                       {"threads", threads},

@@ -1,4 +1,5 @@
 """molora.lora_shrink / lora_expand / lora_plan: numpy → CPU reference, CUDA torch → kernels."""
+import json
 import os
 import random
 
@@ -166,6 +167,26 @@ def test_plan_early_inputs_only_when_asked():
     finally:
         molora.set_setting("MOLORA_LORA_EARLY_INPUTS", None)
     assert molora.lora_plan("expand", num_tokens=8, N=2048, **kw)["early_inputs"] is False
+
+
+def test_plan_names_who_chose_the_kernel(tmp_path):
+    # kernel_source: the planner's bounds, a kernel asked for, or the tuned file's faster kernel
+    # where it timed both at this token count (plain expand N2048 r16, T=8: the bounds say grid).
+    kw = dict(num_tokens=8, top_k=8, num_slots=8, num_experts=128, r_max=16, N=2048,
+              sm_count=132)
+    p = molora.lora_plan("expand", config_path="none", **kw)
+    assert (p["kernel"], p["kernel_source"]) == ("grid", "heuristic")
+    p = molora.lora_plan("expand", config_path="none", kernel="stream", **kw)
+    assert (p["kernel"], p["kernel_source"]) == ("stream", "forced")
+    base = dict(op="expand", dtype="bf16", routing="plain", dim=2048, r_max=16, p_min=33,
+                p_max=64)
+    cfg = tmp_path / "tuned.json"
+    cfg.write_text(json.dumps({"entries": [
+        dict(base, kernel="grid", tile=256, unroll=4, us=6.5),
+        dict(base, kernel="stream", tile=512, unroll=0, us=5.25)]}))
+    p = molora.lora_plan("expand", config_path=str(cfg), **kw)
+    assert (p["kernel"], p["kernel_source"]) == ("stream", "tuned:" + str(cfg))
+    assert p["variant"] == "expand.plain-stream.bf16"
 
 
 def test_plan_reports_grid_bytes_floor():
