@@ -740,12 +740,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     } else if (tid == 0) {
       *n_groups = 0;
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (key, hb: in the stages)
-    __syncthreads();
-    mark(7);
-    return *n_groups;
-  }
-  if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
+  } else if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
     // Sort (see above). n = the keys' power of two; chunk c = positions [64c, 64c + 64), lane l
     // holding positions 64c + l (e0) and 64c + 32 + l (e1). Keys are distinct: a pair without
     // a v (and a position past P) gets kNone | pair, which sorts after every valid key.
@@ -769,7 +764,9 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         seen |= k >= 0;
         e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
-      warp_bitonic_sort(e, lane);
+      // A chunk without a valid key holds kNone | position at each position: already in order,
+      // so its network is skipped (every slot -1, or a chunk of tokens without adapter).
+      if (__any_sync(~0u, e[0] < kNone || e[1] < kNone)) warp_bitonic_sort(e, lane);
       sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
     }
     if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
@@ -854,125 +851,127 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     } else if (tid == 0) {
       *n_groups = 0;
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the scratch: in the stages)
-    __syncthreads();
-    mark(7);
-    return *n_groups;
-  }
-  const int nwords = (V + 31) >> 5;
-  const int seg = ((P + nw - 1) / nw + 31) & ~31;  // pairs per warp in step 2
-  const int nwa = (P + seg - 1) / seg;             // warps holding pairs
-  const int ds = (min(P, V) + 1) & ~1;             // a warp's row of cntw (whole words)
+  } else {
+    const int nwords = (V + 31) >> 5;
+    const int seg = ((P + nw - 1) / nw + 31) & ~31;  // pairs per warp in step 2
+    const int nwa = (P + seg - 1) / seg;             // warps holding pairs
+    const int ds = (min(P, V) + 1) & ~1;             // a warp's row of cntw (whole words)
 #pragma unroll 1
-  for (int i = tid; i < nwa * ds / 2; i += nt) reinterpret_cast<uint32_t*>(cntw)[i] = 0u;
+    for (int i = tid; i < nwords; i += nt) bm[i] = 0u;
+    // 1. (the routing ids of 4 pairs per thread in flight at once: 8 was 2.2 KB more code, and no
+    // faster at 2048 pairs, bench/NOTES.md "lora v0.22")
+    constexpr int kIn = 4;
+    bool seen = false;  // a valid key among this thread's
 #pragma unroll 1
-  for (int i = tid; i < nwords; i += nt) bm[i] = 0u;
-  // 1. (the routing ids of 4 pairs per thread in flight at once: 8 was 2.2 KB more code, and no
-  // faster at 2048 pairs, bench/NOTES.md "lora v0.22")
-  constexpr int kIn = 4;
-  bool seen = false;  // a valid key among this thread's
-#pragma unroll 1
-  for (int p0 = tid; p0 < P; p0 += kIn * nt) {
-    int k[kIn];
+    for (int p0 = tid; p0 < P; p0 += kIn * nt) {
+      int k[kIn];
 #pragma unroll
-    for (int j = 0; j < kIn; ++j) k[j] = p0 + j * nt < P ? key_of(p0 + j * nt) : -1;
+      for (int j = 0; j < kIn; ++j) k[j] = p0 + j * nt < P ? key_of(p0 + j * nt) : -1;
 #pragma unroll
-    for (int j = 0; j < kIn; ++j)
-      if (p0 + j * nt < P) key[p0 + j * nt] = k[j], seen |= k[j] >= 0;
-  }
-  int groups = 0;
-  if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
-    mark(1);
-#pragma unroll 1
-    for (int p = tid; p < P; p += nt) {
-      const int k = key[p];
-      if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
+      for (int j = 0; j < kIn; ++j)
+        if (p0 + j * nt < P) key[p0 + j * nt] = k[j], seen |= k[j] >= 0;
     }
-    __syncthreads();
-    const int D = scan_runs(
-        nwords, [&](int i) { return __popc(bm[i]); }, wpre, wtot);
-    __syncthreads();
-    mark(2);
-    // 2.
-    const int p_end = min(P, (w + 1) * seg);
+    if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
+      mark(1);
+      // The warps' counts of step 2, zeroed only where a group may follow (up to 20 words per
+      // thread at 2048 pairs); the barrier after the bits orders it before step 2.
 #pragma unroll 1
-    for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
-      const int p = p0 + lane;
-      int d = -1;
-      if (p < p_end) {
+      for (int i = tid; i < nwa * ds / 2; i += nt) reinterpret_cast<uint32_t*>(cntw)[i] = 0u;
+#pragma unroll 1
+      for (int p = tid; p < P; p += nt) {
         const int k = key[p];
-        if (k >= 0) d = wpre[k >> 5] + __popc(bm[k >> 5] & ((1u << (k & 31)) - 1u));
+        if (k >= 0) atomicOr(bm + (k >> 5), 1u << (k & 31));
       }
-      const unsigned peers = __match_any_sync(~0u, d);
-      const int leader = __ffs(peers) - 1;
-      int b = 0;
-      if (d >= 0 && lane == leader) {
-        b = cntw[w * ds + d];
-        cntw[w * ds + d] = static_cast<uint16_t>(b + __popc(peers));
-      }
-      b = __shfl_sync(~0u, b, leader);
-      if (d >= 0) {
-        dix[p] = static_cast<uint16_t>(d);
-        rl[p] = static_cast<uint16_t>(b + __popc(peers & ((1u << lane) - 1u)));
-      }
-    }
-    __syncthreads();
-    mark(3);
-    // 3. Thread t takes the run [i0, i1) of d: the warps' counts (loaded first, then their
-    // prefixes written), the total into cnt[]; then the block scan of (members << 16 | groups)
-    // (both sums stay below 2^16: P <= 2048) gives scan[].
-    auto packed = [](int c) { return (c << 16) | plain_groups_of(c); };
-    const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
-    int sum = 0;
+      __syncthreads();
+      const int D = scan_runs(
+          nwords, [&](int i) { return __popc(bm[i]); }, wpre, wtot);
+      __syncthreads();
+      mark(2);
+      // 2.
+      const int p_end = min(P, (w + 1) * seg);
 #pragma unroll 1
-    for (int d = i0; d < i1; ++d) {
-      uint32_t c[kPlainMaxWarps];
+      for (int p0 = w * seg; p0 < p_end; p0 += 32) {  // (warp-uniform)
+        const int p = p0 + lane;
+        int d = -1;
+        if (p < p_end) {
+          const int k = key[p];
+          if (k >= 0) d = wpre[k >> 5] + __popc(bm[k >> 5] & ((1u << (k & 31)) - 1u));
+        }
+        const unsigned peers = __match_any_sync(~0u, d);
+        const int leader = __ffs(peers) - 1;
+        int b = 0;
+        if (d >= 0 && lane == leader) {
+          b = cntw[w * ds + d];
+          cntw[w * ds + d] = static_cast<uint16_t>(b + __popc(peers));
+        }
+        b = __shfl_sync(~0u, b, leader);
+        if (d >= 0) {
+          dix[p] = static_cast<uint16_t>(d);
+          rl[p] = static_cast<uint16_t>(b + __popc(peers & ((1u << lane) - 1u)));
+        }
+      }
+      __syncthreads();
+      mark(3);
+      // 3. Thread t takes the run [i0, i1) of d: the warps' counts (loaded first, then their
+      // prefixes written), the total into cnt[]; then the block scan of (members << 16 | groups)
+      // (both sums stay below 2^16: P <= 2048) gives scan[].
+      auto packed = [](int c) { return (c << 16) | plain_groups_of(c); };
+      const int per = (D + nt - 1) / nt, i0 = tid * per, i1 = min(D, i0 + per);
+      int sum = 0;
+#pragma unroll 1
+      for (int d = i0; d < i1; ++d) {
+        uint32_t c[kPlainMaxWarps];
 #pragma unroll
-      for (int v = 0; v < kPlainMaxWarps; ++v) c[v] = v < nwa ? cntw[v * ds + d] : 0u;
-      uint32_t run = 0;
+        for (int v = 0; v < kPlainMaxWarps; ++v) c[v] = v < nwa ? cntw[v * ds + d] : 0u;
+        uint32_t run = 0;
 #pragma unroll
-      for (int v = 0; v < kPlainMaxWarps; ++v) {
-        if (v < nwa) cntw[v * ds + d] = static_cast<uint16_t>(run);
-        run += c[v];
+        for (int v = 0; v < kPlainMaxWarps; ++v) {
+          if (v < nwa) cntw[v * ds + d] = static_cast<uint16_t>(run);
+          run += c[v];
+        }
+        cnt[d] = static_cast<int>(run);
+        sum += packed(static_cast<int>(run));
       }
-      cnt[d] = static_cast<int>(run);
-      sum += packed(static_cast<int>(run));
-    }
-    int tot;
-    int ex = block_excl_scan(sum, wtot, &tot);
-    mark(4);
+      int tot;
+      int ex = block_excl_scan(sum, wtot, &tot);
+      mark(4);
 #pragma unroll 1
-    for (int d = i0; d < i1; ++d) {
-      scan[d] = ex;
-      ex += packed(cnt[d]);
-    }
-    __syncthreads();
-    mark(5);
-    // 4. (each warp over its pairs of step 2, so that the warp's row of cntw is its own: no
-    // division by seg per pair)
-#pragma unroll 1
-    for (int p = w * seg + lane; p < p_end; p += 32) {
-      const int k = key[p];
-      if (k < 0) continue;
-      const int d = dix[p];
-      const int r = cntw[w * ds + d] + rl[p];
-      const int sd = scan[d], m0 = sd >> 16;
-      mem[m0 + r] = static_cast<uint16_t>(p);
-      if (r % kStreamMaxBlock == 0) {
-        const int g = (sd & 0xffff) + r / kStreamMaxBlock;
-        gv[g] = static_cast<uint16_t>(k);
-        gs[g] = static_cast<uint16_t>(m0 + r);
+      for (int d = i0; d < i1; ++d) {
+        scan[d] = ex;
+        ex += packed(cnt[d]);
       }
+      __syncthreads();
+      mark(5);
+      // 4. (each warp over its pairs of step 2, so that the warp's row of cntw is its own: no
+      // division by seg per pair)
+#pragma unroll 1
+      for (int p = w * seg + lane; p < p_end; p += 32) {
+        const int k = key[p];
+        if (k < 0) continue;
+        const int d = dix[p];
+        const int r = cntw[w * ds + d] + rl[p];
+        const int sd = scan[d], m0 = sd >> 16;
+        mem[m0 + r] = static_cast<uint16_t>(p);
+        if (r % kStreamMaxBlock == 0) {
+          const int g = (sd & 0xffff) + r / kStreamMaxBlock;
+          gv[g] = static_cast<uint16_t>(k);
+          gs[g] = static_cast<uint16_t>(m0 + r);
+        }
+      }
+      const int groups = tot & 0xffff;
+      if (tid == 0)
+        gs[groups] = static_cast<uint16_t>(tot >> 16), *n_groups = static_cast<uint16_t>(groups);
+    } else if (tid == 0) {
+      *n_groups = 0;
     }
-    groups = tot & 0xffff;
-    if (tid == 0) gs[groups] = static_cast<uint16_t>(tot >> 16);
+    mark(6);
   }
-  mark(6);
-  // The scratch may overlap the stages, which bulk copies (the async proxy) fill next.
+  // Every way but the warp sort ends here. The scratch (key, hb, the tables) may overlap the
+  // stages, which bulk copies (the async proxy) fill next.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   mark(7);
-  return groups;
+  return *n_groups;
 }
 // plain_build for the kernel of x, into x.poff and x.pgroups. Not inlined, so that its tables and
 // loops stay out of the kernels' register allocation (the call costs a save and restore of the
