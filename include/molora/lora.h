@@ -74,8 +74,8 @@ struct Plan {
                         // plain up to 2048 pairs and S * E <= 65536)
   std::string source;   // the tile's: "heuristic", "tuned:<config file>" or "forced"
   // The kernel's: "heuristic" (the planner's bounds), "tuned:<config file>" (the tuner timed
-  // both kernels at this token count on this GPU: the faster one) or "forced" (PlanOptions::kernel
-  // or MOLORA_LORA_KERNEL).
+  // both kernels at this token count on this GPU: the bounds' kernel unless the other one was
+  // more than 3% faster) or "forced" (PlanOptions::kernel or MOLORA_LORA_KERNEL).
   std::string kernel_source;
   int threads = 0;        // threads per CTA
   int tile = 0;           // shrink: rank rows per work item; expand: N rows per work item

@@ -831,8 +831,8 @@ Status tune(const std::string& path, std::ostream& log) {
               << tb.heur_us << " us, best tile=" << tb.best_tile << " unroll=" << tb.best_unroll
               << " " << tb.best_us << " us" << (keep ? " (kept)" : " (heuristic kept)");
           if (tb.stream)
-            log << "; stream " << tb.stream_us
-                << " us: " << (tb.stream_us < (keep ? tb.best_us : tb.heur_us) ? "stream" : "grid");
+            log << "; stream " << tb.stream_us << " us (faster: "
+                << (tb.stream_us < (keep ? tb.best_us : tb.heur_us) ? "stream" : "grid") << ")";
           log << "\n";
         }
   nlohmann::json doc = {{"gpu", prop.name},

@@ -34,5 +34,5 @@ awk '$1 == "expand" || $1 == "shrink" {
        printf "quick table, %d rows, best of 2: committed config %.1f us, new config %.1f us\n", n, so, sn
      }' "$OUT"/quick_old1.txt "$OUT"/quick_old2.txt "$OUT"/quick_new1.txt "$OUT"/quick_new2.txt
 grep -c '^TUNE.* (kept)' "$OUT/tune.log" | sed 's/^/tuner grid entries not the heuristic: /'
-grep -c '^TUNE.*: stream$' "$OUT/tune.log" | sed 's/^/buckets where the stream kernel was faster: /'
-grep -c '^TUNE.*: grid$' "$OUT/tune.log" | sed 's/^/buckets where the grid kernel was faster: /'
+grep -c '^TUNE.*(faster: stream)$' "$OUT/tune.log" | sed 's/^/buckets where the stream kernel was faster: /'
+grep -c '^TUNE.*(faster: grid)$' "$OUT/tune.log" | sed 's/^/buckets where the grid kernel was faster: /'
