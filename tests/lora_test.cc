@@ -967,9 +967,12 @@ TEST(LoraPlan, TunedKernelChoiceTakesTheFasterKernelOfABucket) {
   const std::string path = testing::TempDir() + "lora_tuned_kernel_test.json";
   int writes = 0;
   auto write = [&](const std::string& entries) {
-    // (a size of its own each time: the planner rereads a file whose time or size changed)
+    // (padded to a size of its own each time: the planner rereads a file whose modification
+    // time or size changed, and two writes within the file system's clock tick share a time)
+    const std::string text = "{\"entries\": [" + entries + "]}";
+    ASSERT_LT(text.size(), 4000u);
     std::ofstream f(path, std::ios::trunc);
-    f << "{\"entries\": [" << entries << "]}" << std::string(64 + writes++, ' ');
+    f << text << std::string(4000 + writes++ - text.size(), ' ');
   };
   auto entry = [](const char* kernel, int p_min, int p_max, int tile, const std::string& us) {
     return std::string("{\"op\": \"expand\", \"kernel\": \"") + kernel +
