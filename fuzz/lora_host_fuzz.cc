@@ -73,6 +73,10 @@ void plan_against_config(const std::string& path) {
     Plan pl;
     if (!plan(pb, &pl, o).ok()) fail();  // a config file broke a valid call
     if (pl.grid < 1 || pl.grid > pl.max_items || pl.tile < 1) fail();
+    // What the kernels' own guard accepts (a tuned kernel choice included: never the stream
+    // kernel where the routing does not allow it, never one kernel's tile on the other).
+    if (!detail::check_plan(pb, pl).ok()) fail();
+    if (pl.kernel_source != "heuristic" && pl.kernel_source != "tuned:" + path) fail();
   }
 }
 

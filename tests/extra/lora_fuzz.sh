@@ -34,6 +34,12 @@ docs["bad_tile"] = {"entries": [dict(e, tile=3)]}
 docs["float_tile"] = {"entries": [dict(e, tile=1e30)]}
 docs["string_dim"] = {"entries": [dict(e, dim="6144")]}
 docs["not_list"] = {"entries": 5}
+# The v0.30 kernel choice: a grid and a stream entry of one bucket, and near-misses.
+g, st = dict(e, kernel="grid", us=9.0), dict(e, kernel="stream", tile=8, unroll=0, us=7.0)
+docs["both"] = {"entries": [g, st]}
+docs["both_bad_stream_tile"] = {"entries": [g, dict(st, tile=4)]}
+docs["us_string"] = {"entries": [g, dict(st, us="7")]}
+docs["other_bucket"] = {"entries": [g, dict(st, p_min=1)]}
 for k, v in docs.items():
     with open(f"{out}/config_{k}", "wb") as f:
         f.write(b"C" + json.dumps(v).encode())
