@@ -825,7 +825,7 @@ Status tune(const std::string& path, std::ostream& log) {
             tb.stream = true, tb.stream_us = r.us, tb.stream_tile = r.plan.tile;
           }
           for (nlohmann::json& e : tune_entries(tb)) entries.push_back(std::move(e));
-          const bool keep = tb.best_us < tb.heur_us * 0.97;
+          const bool keep = tune_keeps_best(tb);
           log << "TUNE " << op_name(op) << " " << sh.name << " " << routing_name(rk) << " T=" << T
               << ": heuristic tile=" << tb.heur_tile << " unroll=" << tb.heur_unroll << " "
               << tb.heur_us << " us, best tile=" << tb.best_tile << " unroll=" << tb.best_unroll

@@ -184,5 +184,8 @@ struct TuneBucket {
 // other kernel than its bounds' where that one is more than 3% faster (Plan::kernel_source
 // "tuned:<file>"), and the tile of the kernel it runs.
 std::vector<nlohmann::json> tune_entries(const TuneBucket& b);
+// The bucket's grid entry takes the sweep's best tile (else the heuristic's): best_us below
+// detail::kTuneMargin of heur_us.
+bool tune_keeps_best(const TuneBucket& b);
 
 }  // namespace molora::lora::bench

@@ -46,8 +46,10 @@ int64_t tune_p_min(int T, int k) {
   return 1;
 }
 
+bool tune_keeps_best(const TuneBucket& b) { return b.best_us < b.heur_us * detail::kTuneMargin; }
+
 std::vector<nlohmann::json> tune_entries(const TuneBucket& b) {
-  const bool keep = b.best_us < b.heur_us * 0.97;
+  const bool keep = tune_keeps_best(b);
   auto entry = [&](const char* kernel) {
     return nlohmann::json{{"op", op_name(b.op)},
                           {"kernel", kernel},

@@ -170,6 +170,9 @@ constexpr int stream_stage_bytes(Op op) {
 // kStreamPlainMaxV (pair ids and virtual experts are kept as 16-bit words); past either, plain
 // routing takes the grid kernel.
 constexpr int kStreamPlainPairs = 2048;
+// The tuner's noise margin: a tuned tile replaces the heuristic's, and a tuned kernel the
+// planner's bounds' choice, only where it measured faster than this share of the other's time.
+constexpr double kTuneMargin = 0.97;
 constexpr int kStreamPlainMaxV = 65536;
 // The scratch's small area (PlainScratch::wtot), 32-bit words: the block scan's warp totals (one
 // per warp, <= 32), or the block sort's two bit words per 32 positions and its key count.

@@ -125,7 +125,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
   static std::map<std::string, std::pair<std::string, std::shared_ptr<const nlohmann::json>>> files;
   const std::string stamp = std::to_string(st.st_mtim.tv_sec) + "." +
                             std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_size);
-  std::shared_ptr<const nlohmann::json> doc;  // (shared, not copied: a plan looks up to 3 times)
+  std::shared_ptr<const nlohmann::json> doc;  // (shared, not copied: a plan looks up twice)
   {
     std::lock_guard<std::mutex> lock(mu());
     auto& slot = files[path];
@@ -333,21 +333,28 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   std::string cfg = opt.config_path;
   if (cfg.empty()) cfg = get_setting("MOLORA_LORA_CONFIG");
   if (cfg.empty() && !dev.name.empty()) cfg = default_config_path(dev.name);
+  // Each kernel's tuned entry for this P (the stream kernel's only where the routing allows it),
+  // looked up once: for the kernel choice here and for the tile below.
+  Tuned tuned_of[2];  // [grid, stream]
+  bool found[2] = {false, false};
+  if (cfg != "none") {
+    found[0] = lookup_tuned(cfg, pb, "grid", &tuned_of[0]);
+    found[1] = stream_ok && lookup_tuned(cfg, pb, "stream", &tuned_of[1]);
+  }
   pl.kernel_source = kernel.empty() ? "heuristic" : "forced";
   if (kernel.empty()) {
     kernel = stream_ok && P >= (aligned ? stream_from : plain_from) ? "stream" : "grid";
     // Where the tuner timed both kernels at this P's token count (a grid and a stream entry of
-    // the same bucket, each with its "us"), the other kernel where it was more than 3% faster
-    // than the bounds' (the tuner's rule for tiles: a closer time is within its noise): the
-    // bounds come from one GPU (mostly the H100), the file from the GPU at hand. (Without the
-    // margin, K=2048 aligned shrink at T=1 took the stream kernel on the H100's file, 4.01 vs
-    // 4.12 us, and a call whose slots are all -1 then cost 1.36 us against 1.19.)
-    Tuned tg, ts;
-    if (stream_ok && cfg != "none" && lookup_tuned(cfg, pb, "grid", &tg) &&
-        lookup_tuned(cfg, pb, "stream", &ts) && tg.us > 0 && ts.us > 0 && tg.p_min == ts.p_min &&
+    // the same bucket, each with its "us"), the other kernel where it was faster than
+    // kTuneMargin of the bounds' (the tuner's rule for tiles: a closer time is within its
+    // noise): the bounds come from one GPU (mostly the H100), the file from the GPU at hand.
+    // (Without the margin, K=2048 aligned shrink at T=1 took the stream kernel on the H100's
+    // file, 4.01 vs 4.12 us, and a call whose slots are all -1 then cost 1.36 us against 1.19.)
+    const Tuned &tg = tuned_of[0], &ts = tuned_of[1];
+    if (found[0] && found[1] && tg.us > 0 && ts.us > 0 && tg.p_min == ts.p_min &&
         tg.p_max == ts.p_max) {
       const bool on_stream = kernel == "stream";
-      if ((on_stream ? tg.us : ts.us) < 0.97 * (on_stream ? ts.us : tg.us))
+      if ((on_stream ? tg.us : ts.us) < detail::kTuneMargin * (on_stream ? ts.us : tg.us))
         kernel = on_stream ? "grid" : "stream";
       pl.kernel_source = "tuned:" + cfg;
     }
@@ -440,8 +447,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
       tile = std::max(min_tile, tile / 16 * 8);
   }
   pl.source = "heuristic";
-  Tuned tuned;
-  if (cfg != "none" && lookup_tuned(cfg, pb, kernel, &tuned)) {
+  if (found[stream ? 1 : 0]) {
+    const Tuned& tuned = tuned_of[stream ? 1 : 0];
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
     const std::string why = detail::tile_rule_error(pb, stream, tuned.tile, tu);
     if (why.empty()) {
