@@ -227,13 +227,22 @@ TEST(LoraBench, TuneEntriesPlanTheFasterKernel) {
     }
     return plan(pb, pl, o);
   };
-  Plan pl;
+  Plan pl, heur;
+  {
+    PlanOptions h = o;
+    h.config_path = "none", h.kernel = "grid";
+    ASSERT_TRUE(plan(pb, &heur, h).ok());
+  }
   ASSERT_TRUE(plan_with(b, &pl).ok());
   EXPECT_EQ(pl.kernel, "grid");
   EXPECT_EQ(pl.kernel_source, tuned);
-  EXPECT_EQ(pl.source, tuned);
-  EXPECT_EQ(pl.tile, 2);  // (the heuristic's, kept: 8.9 is not 3% below 9.0)
-  EXPECT_EQ(pl.unroll, 4);
+  // The heuristic kept (8.9 is not 3% below 9.0): the entry says so ("heuristic": true), and the
+  // planner takes its heuristic's tile at this P, not the entry's (2, the heuristic's at P = 32
+  // in this made-up bucket).
+  EXPECT_EQ(pl.source, "heuristic");
+  EXPECT_EQ(pl.tile, heur.tile);
+  EXPECT_NE(pl.tile, 2);
+  EXPECT_EQ(pl.unroll, heur.unroll);
   b.best_us = 8.0;  // > 3% faster: the sweep's tile
   ASSERT_TRUE(plan_with(b, &pl).ok());
   EXPECT_EQ(pl.kernel, "grid");

@@ -1128,6 +1128,10 @@ TEST(LoraPlan, BadConfigFilesAndEntriesFallBackToTheHeuristic) {
       {"unroll 5", "{\"entries\": [" + with("unroll", "5") + "]}", false},
       {"tile -256", "{\"entries\": [" + with("tile", "-256") + "]}", false},
       {"op null", "{\"entries\": [" + with("op", "null") + "]}", false},
+      {"heuristic a string",
+       "{\"entries\": [" + good.substr(0, good.size() - 1) + ", \"heuristic\": \"no\"}]}", false},
+      {"heuristic false (the tuner's own tile)",
+       "{\"entries\": [" + good.substr(0, good.size() - 1) + ", \"heuristic\": false}]}", true},
   };
   size_t i = 0;
   for (const Doc& d : docs) {
@@ -1150,6 +1154,57 @@ TEST(LoraPlan, BadConfigFilesAndEntriesFallBackToTheHeuristic) {
       EXPECT_EQ(pl.source, "heuristic");
       EXPECT_EQ(pl.tile, heur.tile);
       EXPECT_EQ(pl.unroll, heur.unroll);
+    }
+  }
+  std::remove(path.c_str());
+}
+
+// An entry whose tile the tuner left to the heuristic ("heuristic": true) gives the heuristic's
+// tile at the call's own P, whatever tile the entry holds (the heuristic's at the bucket's P);
+// an entry with the tuner's own tile ("heuristic": false, or no field) gives that tile at every
+// P of its bucket. Grid expand N6144 r32, one bucket [9, 64] as the H200's file before v0.30
+// has: at T=2 (P=16) the heuristic takes 512 rows, the entry 2048 (the tile that ran 13.2 us
+// there on the H200, more than T=8's 12.5, bench/NOTES.md "lora v0.29").
+TEST(LoraPlan, HeuristicEntryFollowsTheCallsPairCount) {
+  const std::string path = testing::TempDir() + "lora_heuristic_entry_test.json";
+  int writes = 0;
+  auto write = [&](const std::string& heuristic_field) {
+    const std::string text =
+        R"({"entries": [{"op": "expand", "kernel": "grid", "dtype": "bf16", "routing": "aligned", )"
+        R"("dim": 6144, "r_max": 32, "p_min": 9, "p_max": 64, "tile": 2048, "unroll": 8)" +
+        heuristic_field + "}]}";
+    std::ofstream f(path, std::ios::trunc);  // (a size of its own each time: see above)
+    ASSERT_LT(text.size(), 1000u);
+    f << text << std::string(1000 + writes++ - text.size(), ' ');
+  };
+  PlanOptions o, none;
+  o.sm_count = none.sm_count = 132;
+  o.kernel = none.kernel = "grid";
+  o.config_path = path;
+  none.config_path = "none";
+  Problem pb = seed_expand_aligned();
+  const std::string tuned = "tuned:" + path;
+  for (int T : {2, 4, 8}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    pb.num_tokens = T;
+    pb.sorted_len = T * 8 + 1280 * 15;
+    Plan heur, pl;
+    ASSERT_TRUE(plan(pb, &heur, none).ok());
+    EXPECT_EQ(heur.source, "heuristic");
+    write(", \"heuristic\": true");
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_EQ(pl.source, "heuristic");
+    EXPECT_EQ(pl.tile, heur.tile);
+    EXPECT_EQ(pl.unroll, heur.unroll);
+    if (T == 2) {
+      EXPECT_EQ(heur.tile, 512);  // (the heuristic follows P: 2,048 only at P = 64)
+    }
+    for (const char* field : {", \"heuristic\": false", ""}) {
+      write(field);
+      ASSERT_TRUE(plan(pb, &pl, o).ok());
+      EXPECT_EQ(pl.source, tuned) << field;
+      EXPECT_EQ(pl.tile, 2048) << field;
+      EXPECT_EQ(pl.unroll, 8) << field;
     }
   }
   std::remove(path.c_str());

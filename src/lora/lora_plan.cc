@@ -71,6 +71,7 @@ struct Tuned {
   int tile = 0, unroll = 0;
   double us = -1;                // the entry's measured time ("us"; -1 where it has none)
   int64_t p_min = 0, p_max = 0;  // the entry's bucket of pairs
+  bool heuristic = false;        // the tuner kept the heuristic's tile ("heuristic": true)
 };
 
 // A config entry's field, type-checked: a string, or an integer (a float or a string where an
@@ -101,6 +102,16 @@ int64_t int_field(const nlohmann::json& e, const char* key, int64_t def, bool* b
     return def;
   }
   return it->get<int64_t>();
+}
+// A boolean field ("heuristic"): missing gives the default; anything but true or false sets *bad.
+bool bool_field(const nlohmann::json& e, const char* key, bool def, bool* bad) {
+  auto it = e.find(key);
+  if (it == e.end()) return def;
+  if (!it->is_boolean()) {
+    *bad = true;
+    return def;
+  }
+  return it->get<bool>();
 }
 // A number field ("us"): missing gives the default; anything but a finite number sets *bad.
 double num_field(const nlohmann::json& e, const char* key, double def, bool* bad) {
@@ -165,6 +176,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
     const int64_t tile = bad ? 0 : int_field(e, "tile", 0, &bad);
     const int64_t unroll = bad ? 0 : int_field(e, "unroll", 0, &bad);
     const double us = bad ? -1 : num_field(e, "us", -1, &bad);
+    const bool heur = bad ? false : bool_field(e, "heuristic", false, &bad);
     bad = bad || tile < 1;  // (no tile, or none a kernel takes)
     if (bad) {
       log_once("lora-config-entry:" + path + ":" + std::to_string(i),
@@ -180,6 +192,7 @@ bool lookup_tuned(const std::string& path, const Problem& pb, const std::string&
       out->us = us;
       out->p_min = pmin;
       out->p_max = pm;
+      out->heuristic = heur;
     }
   }
   return best_p >= 0;
@@ -447,7 +460,14 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
       tile = std::max(min_tile, tile / 16 * 8);
   }
   pl.source = "heuristic";
-  if (found[stream ? 1 : 0]) {
+  // An entry whose tile the tuner left to the heuristic ("heuristic": true: it was within
+  // kTuneMargin of the best at the bucket's own token count) gives the heuristic's tile at this
+  // P, not the tile the heuristic took at the bucket's P: the heuristic follows P, a fixed tile
+  // does not. (Files before v0.30 have buckets of 8x in P; with the H200's, a grid expand at T=2
+  // took the T=8 bucket's 2,048 rows, a few items for 132 SMs: 13.2 us, more than the 12.5 of
+  // T=8 itself, bench/NOTES.md "lora v0.29". In the H100's v0.30 tuning, with buckets of 2x, the
+  // tuner kept the heuristic at 78 of the 96 grid entries up to 256 pairs.)
+  if (found[stream ? 1 : 0] && !tuned_of[stream ? 1 : 0].heuristic) {
     const Tuned& tuned = tuned_of[stream ? 1 : 0];
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
     const std::string why = detail::tile_rule_error(pb, stream, tuned.tile, tu);
