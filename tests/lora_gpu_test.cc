@@ -462,14 +462,15 @@ TEST(LoraGpu, StreamShrinkManyTasksPerCta) {
 // Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
 // length, or with plain routing after the grouping's first barrier), or every slot at rank 0
 // (tasks, none valid). On every kernel, at T = 1 (fewer tasks than CTAs), 6, 16 and 64 (the
-// plain grouping's four ways at top-8: the warp sort, counting, the block sort, the tables).
+// plain grouping's four ways at top-8: the warp sort, counting, the block sort, the tables) and
+// 256 (the tables' two rounds of routing loads; the expand's slot check over 256 tokens).
 TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
   for (Op op : {Op::kShrink, Op::kExpand})
     for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
       for (bool rank0 : {false, true})
-        for (int T : {1, 6, 16, 64}) {
+        for (int T : {1, 6, 16, 64, 256}) {
           Case c;
           c.op = op, c.routing = rk, c.T = T, c.k = 8;
           c.slots = rank0 ? SlotMode::kZipf : SlotMode::kAllNone;
@@ -1083,6 +1084,12 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       {3, 3, 4, 16, 32, 264, SlotMode::kZipf},
       {17, 1, 4, 16, 32, 264, SlotMode::kZipf},
       {2, 8, 8, 160, 32, 1032, SlotMode::kSparse},
+      // only the last token has an adapter: the expand's slot check must see it (past the first
+      // threads' tokens: T = 255 and 200), and the shrink's grouping (tables, two rounds of
+      // routing loads at P > 4 x threads: P = 2040, and 1600 for its 384 threads) finds no
+      // valid key in the first round and must still read the second
+      {255, 8, 8, 160, 32, 1032, SlotMode::kLast},
+      {200, 8, 8, 160, 32, 1032, SlotMode::kLast},
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (DType dt : {DType::kBF16, DType::kF16})

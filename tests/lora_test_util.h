@@ -40,7 +40,9 @@ inline uint64_t fresh_seed() {
   return s;
 }
 
-enum class SlotMode { kZipf, kAllNone, kOne, kDistinct, kHalfNone, kSparse };
+// kLast: only the last token has an adapter (the plain grouping's tables see their first round
+// of routing loads without a valid key and must still read the second).
+enum class SlotMode { kZipf, kAllNone, kOne, kDistinct, kHalfNone, kSparse, kLast };
 
 struct Case {
   Op op = Op::kExpand;
@@ -155,6 +157,9 @@ inline Data make_data(const Case& c, std::mt19937_64& rng) {
         break;
       case SlotMode::kSparse:  // about one token in 64 has an adapter, and the last one
         d.slot[t] = (t == c.T - 1 || rng() % 64 == 0) ? int(rng() % c.S) : -1;
+        break;
+      case SlotMode::kLast:
+        d.slot[t] = t == c.T - 1 ? int(rng() % c.S) : -1;
         break;
       case SlotMode::kZipf: {
         double u = std::uniform_real_distribution<double>(0, 1)(rng);

@@ -977,15 +977,56 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // loops stay out of the kernels' register allocation (the call costs a save and restore of the
 // kernel's live registers, once; ptxas reports 52-72 bytes of spill stores for the plain shrink
 // kernels this way, 20-116 inlined).
+//   kCheck (the expand kernels): every slot -1 (a batch of base-model requests) is found here,
+// before the call, from the slots alone: each thread reads the slots of tokens tid, tid +
+// threads, ... together with one expert id per 128-byte line of them (plain_build reads the ids
+// next, from L1), and a CTA whose tokens have no slot in [0, S) has no group and skips
+// plain_build (its code, cold in the instruction cache, and its save and restore). Such an
+// expand costs 1.23-1.27 us against 1.64-2.55 (H100, N6144 T = 8-256; empty launch 0.97),
+// calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). Not the shrink kernels: at
+// their register cap, every form of the check tried added spill stores there (28 / 0 / 12 ->
+// 40-116 bytes), and their calls with adapters paid 1-6% (N4096 T=32 25.40 -> 26.66 us).
+template <bool kCheck>
 __device__ __forceinline__ void plain_groups(Ctx& x) {
   const KernelArgs& a = *x.a;
-  PlainIn in;
-  in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
-  in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
-  in.trace = a.trace;
-  in.dbg = a.dbg;
-  x.pgroups =
-      plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem), static_cast<uint32_t>(x.L.scratch));
+  if constexpr (!kCheck) {
+    PlainIn in;
+    in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
+    in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
+    in.trace = a.trace;
+    in.dbg = a.dbg;
+    x.pgroups = plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem),
+                            static_cast<uint32_t>(x.L.scratch));
+    x.poff = static_cast<uint32_t>(x.L.pmem);
+    return;
+  }
+  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
+  // The first line of expert ids and the first slot of each thread loaded at once (a real
+  // load: the value joins the vote, an id of INT_MIN only ever taking the long way; with a
+  // prefetch.global.L1 instead, or none, calls with adapters were 0.2-0.3 us slower at T = 8-32).
+  const int p0 = tid * 32;  // (a 128-byte line per 32 pairs)
+  const int e0 = p0 < P ? __ldg(a.rt.topk_ids + p0) : 0;
+  const int s0 = tid < T ? __ldg(a.rt.slot_ids + tid) : -1;
+  bool any = (s0 >= 0 && s0 < a.S) || e0 == INT_MIN;
+#pragma unroll 1
+  for (int p = p0 + nt * 32; p < P; p += nt * 32) any |= __ldg(a.rt.topk_ids + p) == INT_MIN;
+#pragma unroll 1
+  for (int t = tid + nt; t < T; t += nt) {
+    const int s = __ldg(a.rt.slot_ids + t);
+    any |= s >= 0 && s < a.S;
+  }
+  int groups = 0;
+  if (__syncthreads_or(any)) {
+    PlainIn in;
+    in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
+    in.P = P, in.S = a.S, in.E = a.E, in.V = x.V;
+    in.trace = a.trace;
+    in.dbg = a.dbg;
+    groups = plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem),
+                         static_cast<uint32_t>(x.L.scratch));
+  }
+  x.pgroups = groups;
   x.poff = static_cast<uint32_t>(x.L.pmem);
 }
 

@@ -245,9 +245,9 @@ __global__ void __launch_bounds__(32 * (stream_max_consumers(Op::kExpand) + 1), 
   const bool early = a.early != 0;
   if (!early) pdl_wait();  // the kernel before this one is done (no-op without the attribute)
   if (threadIdx.x == 0) trace_set(a.trace, 1);
-  const SlotCache slots(a, true);        // (ranks and scales in flight beside the loads below)
-  if constexpr (PLAIN) plain_groups(x);  // plain routing: the groups, in shared memory
-  TaskIter<Op::kExpand> it(x);           // (its first expert ids load beside num_tokens_post_pad)
+  const SlotCache slots(a, true);  // (ranks and scales in flight beside the loads below)
+  if constexpr (PLAIN) plain_groups<true>(x);  // plain routing: the groups, in shared memory
+  TaskIter<Op::kExpand> it(x);  // (its first expert ids load beside num_tokens_post_pad)
   x.my_tasks = cta_tasks(x);
   slots.store(a, s_rank, s_scale);
   __syncthreads();

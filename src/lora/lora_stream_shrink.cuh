@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
   const SlotCache slots(a, false);
-  if constexpr (PLAIN) plain_groups(x);  // plain routing: the groups, in shared memory
+  if constexpr (PLAIN) plain_groups<false>(x);  // plain routing: the groups, in shared memory
   // (three walks below start from copies of it; its first expert ids load beside
   // num_tokens_post_pad)
   const TaskIter<Op::kShrink> walk(x);
