@@ -467,8 +467,8 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   // took the T=8 bucket's 2,048 rows, a few items for 132 SMs: 13.2 us, more than the 12.5 of
   // T=8 itself, bench/NOTES.md "lora v0.29". In the H100's v0.30 tuning, with buckets of 2x, the
   // tuner kept the heuristic at 78 of the 96 grid entries up to 256 pairs.)
-  if (found[stream ? 1 : 0] && !tuned_of[stream ? 1 : 0].heuristic) {
-    const Tuned& tuned = tuned_of[stream ? 1 : 0];
+  const Tuned& tuned = tuned_of[stream ? 1 : 0];
+  if (found[stream ? 1 : 0] && !tuned.heuristic) {
     const int tu = tuned.unroll > 0 && !stream ? tuned.unroll : unroll;
     const std::string why = detail::tile_rule_error(pb, stream, tuned.tile, tu);
     if (why.empty()) {

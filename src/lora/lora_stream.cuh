@@ -986,20 +986,8 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). Not the shrink kernels: at
 // their register cap, every form of the check tried added spill stores there (28 / 0 / 12 ->
 // 40-116 bytes), and their calls with adapters paid 1-6% (N4096 T=32 25.40 -> 26.66 us).
-template <bool kCheck>
-__device__ __forceinline__ void plain_groups(Ctx& x) {
-  const KernelArgs& a = *x.a;
-  if constexpr (!kCheck) {
-    PlainIn in;
-    in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
-    in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
-    in.trace = a.trace;
-    in.dbg = a.dbg;
-    x.pgroups = plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem),
-                            static_cast<uint32_t>(x.L.scratch));
-    x.poff = static_cast<uint32_t>(x.L.pmem);
-    return;
-  }
+// Whether any token's slot is in [0, S) (whole CTA; plain_groups<true>).
+__device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
   // The first line of expert ids and the first slot of each thread loaded at once (a real
@@ -1016,11 +1004,16 @@ __device__ __forceinline__ void plain_groups(Ctx& x) {
     const int s = __ldg(a.rt.slot_ids + t);
     any |= s >= 0 && s < a.S;
   }
+  return __syncthreads_or(any);
+}
+template <bool kCheck>
+__device__ __forceinline__ void plain_groups(Ctx& x) {
+  const KernelArgs& a = *x.a;
   int groups = 0;
-  if (__syncthreads_or(any)) {
+  if (!kCheck || plain_any_slot(a)) {
     PlainIn in;
     in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
-    in.P = P, in.S = a.S, in.E = a.E, in.V = x.V;
+    in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;
     in.trace = a.trace;
     in.dbg = a.dbg;
     groups = plain_build(in, x.smem, static_cast<uint32_t>(x.L.pmem),
