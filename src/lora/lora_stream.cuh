@@ -984,8 +984,10 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // plain_build (its code, cold in the instruction cache, and its save and restore). Such an
 // expand costs 1.23-1.27 us against 1.64-2.55 (H100, N6144 T = 8-256; empty launch 0.97),
 // calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). Not the shrink kernels: at
-// their register cap, every form of the check tried added spill stores there (28 / 0 / 12 ->
-// 40-116 bytes), and their calls with adapters paid 1-6% (N4096 T=32 25.40 -> 26.66 us).
+// their register cap, this check there added spill stores (28 / 0 / 12 -> 40-116 bytes), and
+// their calls with adapters paid 1-6% (N4096 T=32 25.40 -> 26.66 us). A form without spills
+// (first thing in the kernel, no loops, a bare return; branch exp/shrink-top-check) still cost
+// every shrink with adapters 0.3-0.5 us (H100, bench/NOTES.md "lora v0.31 on a GPU").
 // Whether any token's slot is in [0, S) (whole CTA; plain_groups<true>).
 __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
