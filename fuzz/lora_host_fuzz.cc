@@ -124,6 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* kernels[] = {"", "grid", "stream", "bogus"};
   o.kernel = kernels[b.u8() % 4];
   o.early_inputs = static_cast<int>(b.pick({-1, 0, 1, 2, -2}, 0));
+  o.slot_check = static_cast<int>(b.pick({-1, 0, 1, 2, -2}, 0));
   Plan pl;
   const Status ps = plan(pb, &pl, o);
   if (ps.ok()) {

@@ -470,9 +470,11 @@ TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
   for (Op op : {Op::kShrink, Op::kExpand})
     for (RoutingKind rk : {RoutingKind::kPlain, RoutingKind::kAligned})
       for (bool rank0 : {false, true})
-        for (int T : {1, 6, 16, 64, 256}) {
+        for (int T : {1, 6, 16, 64, 256, 400}) {
           Case c;
-          c.op = op, c.routing = rk, c.T = T, c.k = 8;
+          // (T = 400 at top-1: more tokens than the plain stream kernels' threads, which their
+          // slot check counts as a slot found; the grouping finds none)
+          c.op = op, c.routing = rk, c.T = T, c.k = T == 400 ? 1 : 8;
           c.slots = rank0 ? SlotMode::kZipf : SlotMode::kAllNone;
           SCOPED_TRACE(c.name() + (rank0 ? " every rank 0" : " every slot -1"));
           Data d = make_data(c, rng);
@@ -480,17 +482,19 @@ TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
           ASSERT_EQ(run_cpu(d), d.out);  // (the reference moves nothing either)
           DevData g(d);
           std::vector<std::string> kernels = {"", "grid", "stream"};
-          for (const std::string& kernel : kernels) {
-            SCOPED_TRACE("kernel '" + kernel + "'");
-            Plan pl;
-            PlanOptions o;
-            o.kernel = kernel;
-            ASSERT_TRUE(plan(d.pb, &pl, o).ok());
-            g.out.set(d.out);
-            ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
-            CK(cudaDeviceSynchronize());
-            EXPECT_EQ(g.out.get(), d.out) << pl.to_string();
-          }
+          for (const std::string& kernel : kernels)
+            for (int check : {-1, 0}) {  // the plain stream kernels' slot check on, off
+              SCOPED_TRACE("kernel '" + kernel + "' slot_check " + std::to_string(check));
+              Plan pl;
+              PlanOptions o;
+              o.kernel = kernel;
+              o.slot_check = check;
+              ASSERT_TRUE(plan(d.pb, &pl, o).ok());
+              g.out.set(d.out);
+              ASSERT_TRUE(run_gpu(d, g, &pl, nullptr).ok());
+              CK(cudaDeviceSynchronize());
+              EXPECT_EQ(g.out.get(), d.out) << pl.to_string();
+            }
         }
 }
 
@@ -1090,6 +1094,9 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       // valid key in the first round and must still read the second
       {255, 8, 8, 160, 32, 1032, SlotMode::kLast},
       {200, 8, 8, 160, 32, 1032, SlotMode::kLast},
+      // more tokens than the plain shrink's 384 threads: its slot check (one token per thread)
+      // counts that as a slot found, and the grouping must still find the last token's pair
+      {400, 1, 8, 160, 32, 1032, SlotMode::kLast},
   };
   for (Op op : {Op::kShrink, Op::kExpand})
     for (DType dt : {DType::kBF16, DType::kF16})
@@ -1114,7 +1121,13 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
         dp.pb.routing = RoutingKind::kPlain, dp.pb.block_size = 0, dp.pb.sorted_len = 0;
         ASSERT_TRUE(plan(dp.pb, &pp, o).ok());
         EXPECT_NE(pp.variant.find(".plain-stream."), std::string::npos) << pp.variant;
+        EXPECT_TRUE(pp.slot_check) << pp.to_string();
         ASSERT_NO_FATAL_FAILURE(check_plan_runs(dp, g, pp, ref));
         EXPECT_EQ(g.out.get(), aligned_bits) << "plain stream differs from aligned stream";
+        o.slot_check = 0;  // the same without the slot check
+        ASSERT_TRUE(plan(dp.pb, &pp, o).ok());
+        ASSERT_FALSE(pp.slot_check) << pp.to_string();
+        ASSERT_NO_FATAL_FAILURE(check_plan_runs(dp, g, pp, ref));
+        EXPECT_EQ(g.out.get(), aligned_bits) << "plain stream, no slot check, differs";
       }
 }

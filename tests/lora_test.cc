@@ -513,6 +513,71 @@ TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
   EXPECT_NE(st.message().find("early_inputs"), std::string::npos) << st.message();
 }
 
+// The every-slot -1 check (Plan::slot_check): on by default in the plain stream kernels, shrink
+// and expand; never in the aligned or grid kernels (they have no grouping to skip); off by the
+// option (which wins over the setting) or MOLORA_LORA_SLOT_CHECK=0. Bad values are errors naming
+// the option or the setting. The plan says so, and plan_delta's two plans follow the option.
+TEST(LoraPlan, SlotCheckOnPlainStreamUnlessTurnedOff) {
+  const SettingsReset reset{"MOLORA_LORA_SLOT_CHECK", "MOLORA_LORA_KERNEL"};
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  Plan pl;
+  for (Op op : {Op::kShrink, Op::kExpand}) {
+    Problem pb = problem(op, 64, 160, 32, 6144);
+    SCOPED_TRACE(op == Op::kShrink ? "shrink" : "expand");
+    o.slot_check = -1;
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    ASSERT_EQ(pl.kernel, "stream") << pl.to_string();
+    EXPECT_TRUE(pl.slot_check);  // default on
+    EXPECT_NE(pl.to_string().find(" slot-check"), std::string::npos) << pl.to_string();
+    EXPECT_NE(pl.to_json().find("\"slot_check\":true"), std::string::npos) << pl.to_json();
+    o.slot_check = 0;
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_FALSE(pl.slot_check);
+    EXPECT_EQ(pl.to_string().find("slot-check"), std::string::npos) << pl.to_string();
+    EXPECT_NE(pl.to_json().find("\"slot_check\":false"), std::string::npos) << pl.to_json();
+    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "1");  // the option wins over the setting
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_FALSE(pl.slot_check);
+    o.slot_check = -1;  // the setting
+    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "0");
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_FALSE(pl.slot_check);
+    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "1");
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_TRUE(pl.slot_check);
+    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "off");
+    Status st = plan(pb, &pl, o);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("MOLORA_LORA_SLOT_CHECK"), std::string::npos) << st.message();
+    molora::set_setting("MOLORA_LORA_SLOT_CHECK", std::nullopt);
+    o.slot_check = 2;
+    st = plan(pb, &pl, o);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("slot_check"), std::string::npos) << st.message();
+    o.slot_check = 1;
+    o.kernel = "grid";  // the grid kernels: no grouping in shared memory to skip
+    ASSERT_TRUE(plan(pb, &pl, o).ok());
+    EXPECT_FALSE(pl.slot_check) << pl.to_string();
+    o.kernel.clear();
+    Problem al = pb;  // aligned: a CTA without used blocks leaves at once anyway
+    al.routing = RoutingKind::kAligned, al.block_size = 16, al.sorted_len = 512 + 1280 * 15;
+    ASSERT_TRUE(plan(al, &pl, o).ok());
+    ASSERT_EQ(pl.kernel, "stream") << pl.to_string();
+    EXPECT_FALSE(pl.slot_check) << pl.to_string();
+  }
+  DeltaPlan d;
+  o.slot_check = -1;
+  ASSERT_TRUE(plan_delta(problem(Op::kShrink, 64, 160, 32, 2048), 2048, &d, o).ok());
+  EXPECT_TRUE(d.shrink.slot_check) << d.to_string();
+  EXPECT_TRUE(d.expand.slot_check) << d.to_string();
+  o.slot_check = 0;
+  ASSERT_TRUE(plan_delta(problem(Op::kShrink, 64, 160, 32, 2048), 2048, &d, o).ok());
+  EXPECT_FALSE(d.shrink.slot_check) << d.to_string();
+  EXPECT_FALSE(d.expand.slot_check) << d.to_string();
+}
+
 // plan_delta: the shrink's plan as plan() gives it (early inputs as asked), the expand's with
 // early inputs wherever its kernel has them (stream, dependent launch); both in the JSON.
 TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {

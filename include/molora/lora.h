@@ -106,6 +106,13 @@ struct Plan {
   // weights were loaded before the step). Off unless asked for: PlanOptions::early_inputs or
   // MOLORA_LORA_EARLY_INPUTS=1.
   bool early_inputs = false;
+  // Plain stream kernels only: before grouping the pairs, the CTA checks the first slots (token
+  // t for thread t; a call of more tokens than threads counts as having an adapter) and, when
+  // none is in [0, S), leaves: a call whose slots are all -1 then costs about one empty launch.
+  // The expand's check costs calls with adapters nothing measurable; the shrink's (where the
+  // grouping's loads wait for it) 0.2-0.3 us per call (H100, docs/lora.md "Every slot -1").
+  // On unless turned off: PlanOptions::slot_check or MOLORA_LORA_SLOT_CHECK=0.
+  bool slot_check = false;
   std::string to_string() const;
   std::string to_json() const;
 };
@@ -126,6 +133,8 @@ struct PlanOptions {
   std::string config_path;
   // Plan::early_inputs: -1 = MOLORA_LORA_EARLY_INPUTS ("" or "0": off, "1": on), 0 off, 1 on.
   int early_inputs = -1;
+  // Plan::slot_check: -1 = MOLORA_LORA_SLOT_CHECK ("" or "1": on, "0": off), 0 off, 1 on.
+  int slot_check = -1;
 };
 
 // Checks the Problem (sizes, r_max, alignment) and fills `out`. MOLORA_LOG=plan logs each new

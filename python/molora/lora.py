@@ -158,7 +158,10 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     MOLORA_LORA_PDL=0 turns it off) and ``early_inputs`` (stream
     kernels with pdl: the routing, ranks, scales and weights read before waiting for the kernel
     before; off unless MOLORA_LORA_EARLY_INPUTS=1, valid only where nothing still running
-    writes them; docs/lora.md "Early inputs").
+    writes them; docs/lora.md "Early inputs") and ``slot_check`` (plain-routing stream kernels:
+    each CTA checks the first slots before grouping the pairs and leaves when all are -1, so
+    that such a call costs about one empty launch; the shrink's check costs calls with adapters
+    0.2-0.3 us; on unless MOLORA_LORA_SLOT_CHECK=0; docs/lora.md "Every slot -1").
 
     Shrink takes ``K`` (input features), expand takes ``N`` (output features). ``op="delta"``
     gives the two plans of :func:`lora_moe_delta` (``K`` and ``N``) as ``{"shrink": {...},

@@ -43,6 +43,10 @@ const std::vector<SettingInfo>& registered_settings() {
        "1 = the stream LoRA kernels read the routing, ranks, scales and weights before waiting "
        "for the kernel before them (only where nothing still running writes those); empty or 0 "
        "= off"},
+      {"MOLORA_LORA_SLOT_CHECK", "",
+       "plain-routing stream LoRA kernels: check the slots before grouping and leave when all "
+       "are -1 (about an empty launch; the shrink's check costs calls with adapters 0.2-0.3 us): "
+       "empty or 1 = on, 0 = off"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
        "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map); plain grouping (results "

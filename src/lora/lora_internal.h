@@ -69,8 +69,9 @@ struct KernelArgs {
   int64_t sorted_len = 0;
   int mode = 0;  // kModePairs, kModeGrouped or kModeAligned
   int tile = 0, chunks = 0;
-  int dbg = 0;    // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
-  int early = 0;  // stream kernels: Plan::early_inputs
+  int dbg = 0;         // stream kernel probe bits (MOLORA_LORA_STREAM_PROBE; 0 in normal use)
+  int early = 0;       // stream kernels: Plan::early_inputs
+  int slot_check = 0;  // plain stream kernels: Plan::slot_check
   // Shrink (both kernels) in moe_delta, always: the next kernel may launch only after this one's
   // own wait for the kernel before it (griddepcontrol.wait, then launch_dependents; a CTA that
   // leaves early waits first), so that the early reads of the delta's expand, and of a delta's

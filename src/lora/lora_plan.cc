@@ -422,6 +422,15 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
                                    std::to_string(early));
   }
   pl.early_inputs = early == 1 && stream && pl.pdl;
+  // The every-slot -1 check of the plain stream kernels (Plan::slot_check).
+  int check = opt.slot_check;
+  if (check < 0) {
+    MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_SLOT_CHECK", &check));
+  } else if (check > 1) {
+    return Status::InvalidArgument("PlanOptions::slot_check must be -1, 0 or 1, got " +
+                                   std::to_string(check));
+  }
+  pl.slot_check = check != 0 && stream && !aligned;
 
   // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
   // min(P, V) (every pair its own virtual expert; plain-pairs: every pair).
@@ -567,7 +576,8 @@ std::string Plan::to_string() const {
   o << " chunks=" << chunks << " groups=" << groups << " items~" << est_items << " grid=" << grid
     << "x" << threads << " (" << ctas_per_sm << "/SM) smem=" << smem_bytes << " bytes"
     << (bytes_exact ? "=" : "<=") << bytes << " floor=" << floor_us << "us@" << bandwidth_gbps
-    << "GB/s" << (pdl ? " pdl" : "") << (early_inputs ? " early-inputs" : "");
+    << "GB/s" << (pdl ? " pdl" : "") << (early_inputs ? " early-inputs" : "")
+    << (slot_check ? " slot-check" : "");
   return o.str();
 }
 
@@ -594,7 +604,8 @@ std::string Plan::to_json() const {
                       {"bandwidth_gbps", bandwidth_gbps},
                       {"floor_us", floor_us},
                       {"pdl", pdl},
-                      {"early_inputs", early_inputs}};
+                      {"early_inputs", early_inputs},
+                      {"slot_check", slot_check}};
   return j.dump();
 }
 

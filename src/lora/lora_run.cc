@@ -24,7 +24,8 @@ Status cached_plan(const Problem& pb, Plan* out, int early = -1) {
       << ':' << pb.N << ':' << static_cast<int>(pb.routing) << ':' << pb.block_size << ':'
       << pb.sorted_len << ':' << dev << ':' << get_setting("MOLORA_LORA_CONFIG") << ':'
       << get_setting("MOLORA_LORA_KERNEL") << ':' << get_setting("MOLORA_LORA_PDL") << ':'
-      << get_setting("MOLORA_LORA_EARLY_INPUTS") << ':' << early;
+      << get_setting("MOLORA_LORA_EARLY_INPUTS") << ':' << get_setting("MOLORA_LORA_SLOT_CHECK")
+      << ':' << early;
   {
     std::lock_guard<std::mutex> lock(m);
     auto it = cache.find(key.str());

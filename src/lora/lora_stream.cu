@@ -182,6 +182,7 @@ Status launch_stream(Op op, DType dt, const KernelArgs& args, const Plan& plan,
     if (t.buf != nullptr && t.used + need <= t.words) a.trace = t.buf + t.used, t.used += need;
   }
   a.early = plan.early_inputs ? 1 : 0;
+  a.slot_check = plan.slot_check ? 1 : 0;
   a.fd_E = FastDiv(a.E);
   a.fd_k = FastDiv(a.k);
   a.fd_block = FastDiv(a.block);

@@ -977,17 +977,16 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // loops stay out of the kernels' register allocation (the call costs a save and restore of the
 // kernel's live registers, once; ptxas reports 52-72 bytes of spill stores for the plain shrink
 // kernels this way, 20-116 inlined).
-//   kCheck (the expand kernels): every slot -1 (a batch of base-model requests) is found here,
-// before the call, from the slots alone: each thread reads the slots of tokens tid, tid +
-// threads, ... together with one expert id per 128-byte line of them (plain_build reads the ids
-// next, from L1), and a CTA whose tokens have no slot in [0, S) has no group and skips
-// plain_build (its code, cold in the instruction cache, and its save and restore). Such an
-// expand costs 1.23-1.27 us against 1.64-2.55 (H100, N6144 T = 8-256; empty launch 0.97),
-// calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). Not the shrink kernels: at
-// their register cap, this check there added spill stores (28 / 0 / 12 -> 40-116 bytes), and
-// their calls with adapters paid 1-6% (N4096 T=32 25.40 -> 26.66 us). A form without spills
-// (first thing in the kernel, no loops, a bare return; branch exp/shrink-top-check) still cost
-// every shrink with adapters 0.3-0.5 us (H100, bench/NOTES.md "lora v0.31 on a GPU").
+//   kCheck (the expand kernels, with Plan::slot_check): every slot -1 (a batch of base-model
+// requests) is found here, before the call, from the slots alone: each thread reads the slots of
+// tokens tid, tid + threads, ... together with one expert id per 128-byte line of them
+// (plain_build reads the ids next, from L1), and a CTA whose tokens have no slot in [0, S) has
+// no group and skips plain_build (its code, cold in the instruction cache, and its save and
+// restore). Such an expand costs 1.23-1.27 us against 1.64-2.55 (H100, N6144 T = 8-256; empty
+// launch 0.97), calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). The shrink
+// kernels, at their register cap, spilled with this check (28 / 0 / 12 -> 40-116 bytes of
+// spill stores; calls with adapters 1-6% slower): theirs is plain_any_first_slot, below, in the
+// kernel.
 // Whether any token's slot is in [0, S) (whole CTA; plain_groups<true>).
 __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
@@ -1008,11 +1007,25 @@ __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   }
   return __syncthreads_or(any);
 }
+// The plain shrink's slot check (Plan::slot_check; the expand's is plain_any_slot, above): no
+// loops, one slot (token tid) and one expert id per 32-byte sector (pair tid * 8) per thread, so
+// that the shrink kernels, at their register cap, spill nothing more; T > threads counts as a
+// slot found. (The ids: L1 fills 32-byte sectors, so the grouping's loads of the routing then
+// hit it. With one id per 128-byte line, calls with adapters measured 0.3-0.5 us slower than
+// without the check, with one per sector 0.2-0.3, H100 on different days: bench/NOTES.md.)
+__device__ __forceinline__ bool plain_any_first_slot(const KernelArgs& a) {
+  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
+  const int p0 = tid * 8;
+  const int e0 = p0 < P ? __ldg(a.rt.topk_ids + p0) : 0;
+  const int s0 = tid < T ? __ldg(a.rt.slot_ids + tid) : -1;
+  return __syncthreads_or((s0 >= 0 && s0 < a.S) || e0 == INT_MIN || T > nt);
+}
 template <bool kCheck>
 __device__ __forceinline__ void plain_groups(Ctx& x) {
   const KernelArgs& a = *x.a;
   int groups = 0;
-  if (!kCheck || plain_any_slot(a)) {
+  if (!kCheck || a.slot_check == 0 || plain_any_slot(a)) {
     PlainIn in;
     in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
     in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;

@@ -95,7 +95,16 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
   // The slots' ranks load first, so that they are in flight beside the first expert ids and
   // num_tokens_post_pad (SlotCache).
   const SlotCache slots(a, false);
-  if constexpr (PLAIN) plain_groups<false>(x);  // plain routing: the groups, in shared memory
+  if constexpr (PLAIN) {
+    // Every slot -1 (Plan::slot_check): leave before the grouping, where leaving needs no wait
+    // (early && late waits first: the grouping's own "No valid key" way out, below, does that).
+    // A bare return: a pdl_wait here put spill loads into the task loop (bench/NOTES.md).
+    if (a.slot_check != 0 && !(early && late) && !plain_any_first_slot(a)) {
+      trace_done(a.trace);
+      return;
+    }
+    plain_groups<false>(x);  // plain routing: the groups, in shared memory
+  }
   // (three walks below start from copies of it; its first expert ids load beside
   // num_tokens_post_pad)
   const TaskIter<Op::kShrink> walk(x);

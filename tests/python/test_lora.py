@@ -169,6 +169,33 @@ def test_plan_early_inputs_only_when_asked():
     assert molora.lora_plan("expand", num_tokens=8, N=2048, **kw)["early_inputs"] is False
 
 
+def test_plan_slot_check_on_plain_stream_unless_turned_off():
+    # On by default for the plain stream kernels (shrink and expand), never for aligned routing
+    # or the grid kernel; MOLORA_LORA_SLOT_CHECK=0 turns it off; other values: error.
+    kw = dict(top_k=8, num_slots=8, num_experts=160, r_max=32, routing="plain",
+              config_path="none")
+    s = molora.lora_plan("shrink", num_tokens=64, K=6144, **kw)
+    e = molora.lora_plan("expand", num_tokens=64, N=6144, **kw)
+    assert s["kernel"] == "stream" and s["slot_check"] is True
+    assert e["kernel"] == "stream" and e["slot_check"] is True
+    assert molora.lora_plan("shrink", num_tokens=64, K=6144, kernel="grid",
+                            **kw)["slot_check"] is False
+    al = dict(kw, routing="aligned", block_size=16)
+    a = molora.lora_plan("shrink", num_tokens=64, K=6144, **al)
+    assert a["kernel"] == "stream" and a["slot_check"] is False
+    try:
+        molora.set_setting("MOLORA_LORA_SLOT_CHECK", "0")
+        assert molora.lora_plan("shrink", num_tokens=64, K=6144, **kw)["slot_check"] is False
+        d = molora.lora_plan("delta", num_tokens=64, K=2048, N=2048, **kw)
+        assert d["shrink"]["slot_check"] is False and d["expand"]["slot_check"] is False
+        molora.set_setting("MOLORA_LORA_SLOT_CHECK", "no")
+        with pytest.raises(ValueError, match="MOLORA_LORA_SLOT_CHECK"):
+            molora.lora_plan("shrink", num_tokens=64, K=6144, **kw)
+    finally:
+        molora.set_setting("MOLORA_LORA_SLOT_CHECK", None)
+    assert molora.lora_plan("expand", num_tokens=64, N=6144, **kw)["slot_check"] is True
+
+
 def test_plan_names_who_chose_the_kernel(tmp_path):
     # kernel_source: the planner's bounds, a kernel asked for, or the tuned file's faster kernel
     # where it timed both at this token count (plain expand N2048 r16, T=8: the bounds say grid).
