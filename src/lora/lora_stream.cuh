@@ -979,11 +979,12 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // kernels this way, 20-116 inlined).
 //   kCheck (the expand kernels, with Plan::slot_check): every slot -1 (a batch of base-model
 // requests) is found here, before the call, from the slots alone: each thread reads the slots of
-// tokens tid, tid + threads, ... together with one expert id per 128-byte line of them
-// (plain_build reads the ids next, from L1), and a CTA whose tokens have no slot in [0, S) has
-// no group and skips plain_build (its code, cold in the instruction cache, and its save and
-// restore). Such an expand costs 1.23-1.27 us against 1.64-2.55 (H100, N6144 T = 8-256; empty
-// launch 0.97), calls with adapters within 0.5% (bench/NOTES.md "lora v0.31"). The shrink
+// tokens tid, tid + threads, ... together with one expert id per 32-byte sector of them
+// (plain_build reads the ids next, from L1, which fills sectors, not whole lines), and a CTA
+// whose tokens have no slot in [0, S) has no group and skips plain_build (its code, cold in the
+// instruction cache, and its save and restore). Such an expand costs 1.25-1.33 us against
+// 1.61-2.55 (H100, N6144 T = 8-256; empty launch 0.96). Calls with adapters: +0.0-0.2 us (one
+// id per 128-byte line, v0.31-v0.32: +0.2-0.4 us; bench/NOTES.md "lora v0.32"). The shrink
 // kernels, at their register cap, spilled with this check (28 / 0 / 12 -> 40-116 bytes of
 // spill stores; calls with adapters 1-6% slower): theirs is plain_any_first_slot, below, in the
 // kernel.
@@ -991,15 +992,15 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
-  // The first line of expert ids and the first slot of each thread loaded at once (a real
+  // The first sector of expert ids and the first slot of each thread loaded at once (a real
   // load: the value joins the vote, an id of INT_MIN only ever taking the long way; with a
   // prefetch.global.L1 instead, or none, calls with adapters were 0.2-0.3 us slower at T = 8-32).
-  const int p0 = tid * 32;  // (a 128-byte line per 32 pairs)
+  const int p0 = tid * 8;  // (a 32-byte sector per 8 pairs)
   const int e0 = p0 < P ? __ldg(a.rt.topk_ids + p0) : 0;
   const int s0 = tid < T ? __ldg(a.rt.slot_ids + tid) : -1;
   bool any = (s0 >= 0 && s0 < a.S) || e0 == INT_MIN;
 #pragma unroll 1
-  for (int p = p0 + nt * 32; p < P; p += nt * 32) any |= __ldg(a.rt.topk_ids + p) == INT_MIN;
+  for (int p = p0 + nt * 8; p < P; p += nt * 8) any |= __ldg(a.rt.topk_ids + p) == INT_MIN;
 #pragma unroll 1
   for (int t = tid + nt; t < T; t += nt) {
     const int s = __ldg(a.rt.slot_ids + t);
@@ -1010,9 +1011,9 @@ __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
 // The plain shrink's slot check (Plan::slot_check; the expand's is plain_any_slot, above): no
 // loops, one slot (token tid) and one expert id per 32-byte sector (pair tid * 8) per thread, so
 // that the shrink kernels, at their register cap, spill nothing more; T > threads counts as a
-// slot found. (The ids: L1 fills 32-byte sectors, so the grouping's loads of the routing then
-// hit it. With one id per 128-byte line, calls with adapters measured 0.3-0.5 us slower than
-// without the check, with one per sector 0.2-0.3, H100 on different days: bench/NOTES.md.)
+// slot found. Every slot -1: 1.25-1.29 us against 1.98-2.72 (H100, N6144 T = 8-256). Calls with
+// adapters pay 0.06-0.23 us: the grouping's loads wait for the check's (with one id per 128-byte
+// line, a session before: 0.3-0.5; bench/NOTES.md "lora v0.32").
 __device__ __forceinline__ bool plain_any_first_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
