@@ -109,8 +109,8 @@ struct Plan {
   // Plain stream kernels only: before grouping the pairs, the CTA checks the first slots (token
   // t for thread t; a call of more tokens than threads counts as having an adapter) and, when
   // none is in [0, S), leaves: a call whose slots are all -1 then costs about one empty launch.
-  // The check costs a call with adapters up to ~0.2 us (H100: expand +0.0-0.2, shrink
-  // +0.06-0.23; docs/lora.md "Every slot -1"), and saves a call without any 0.4-1.5 us.
+  // The check costs a call with adapters up to ~0.35 us, at most 1.5% (H100; docs/lora.md
+  // "Every slot -1"), and saves a call without any 0.35-1.46 us.
   // On unless turned off: PlanOptions::slot_check or MOLORA_LORA_SLOT_CHECK=0.
   bool slot_check = false;
   std::string to_string() const;

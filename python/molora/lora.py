@@ -161,7 +161,7 @@ def lora_plan(op: str, *, dtype: str = "bf16", num_tokens: int, top_k: int, num_
     writes them; docs/lora.md "Early inputs") and ``slot_check`` (plain-routing stream kernels:
     each CTA checks the first slots before grouping the pairs and leaves when all are -1, so
     that such a call costs about one empty launch; the check costs calls with adapters up to
-    ~0.2 us; on unless MOLORA_LORA_SLOT_CHECK=0; docs/lora.md "Every slot -1").
+    ~0.35 us; on unless MOLORA_LORA_SLOT_CHECK=0; docs/lora.md "Every slot -1").
 
     Shrink takes ``K`` (input features), expand takes ``N`` (output features). ``op="delta"``
     gives the two plans of :func:`lora_moe_delta` (``K`` and ``N``) as ``{"shrink": {...},

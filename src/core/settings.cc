@@ -45,7 +45,7 @@ const std::vector<SettingInfo>& registered_settings() {
        "= off"},
       {"MOLORA_LORA_SLOT_CHECK", "",
        "plain-routing stream LoRA kernels: check the slots before grouping and leave when all "
-       "are -1 (about an empty launch; the check costs calls with adapters up to ~0.2 us): "
+       "are -1 (about an empty launch; the check costs calls with adapters up to ~0.35 us): "
        "empty or 1 = on, 0 = off"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "

@@ -982,9 +982,9 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // tokens tid, tid + threads, ... together with one expert id per 32-byte sector of them
 // (plain_build reads the ids next, from L1, which fills sectors, not whole lines), and a CTA
 // whose tokens have no slot in [0, S) has no group and skips plain_build (its code, cold in the
-// instruction cache, and its save and restore). Such an expand costs 1.25-1.33 us against
-// 1.61-2.55 (H100, N6144 T = 8-256; empty launch 0.96). Calls with adapters: +0.0-0.2 us (one
-// id per 128-byte line, v0.31-v0.32: +0.2-0.4 us; bench/NOTES.md "lora v0.32"). The shrink
+// instruction cache, and its save and restore). Such an expand costs 1.26-1.34 us against
+// 1.61-2.54 (H100, N6144 T = 8-256; empty launch 0.96). Calls with adapters: -0.25 to +0.28 us
+// (one id per 128-byte line, v0.31: +0.2-0.4 us; bench/NOTES.md "lora v0.32"). The shrink
 // kernels, at their register cap, spilled with this check (28 / 0 / 12 -> 40-116 bytes of
 // spill stores; calls with adapters 1-6% slower): theirs is plain_any_first_slot, below, in the
 // kernel.
@@ -1011,9 +1011,9 @@ __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
 // The plain shrink's slot check (Plan::slot_check; the expand's is plain_any_slot, above): no
 // loops, one slot (token tid) and one expert id per 32-byte sector (pair tid * 8) per thread, so
 // that the shrink kernels, at their register cap, spill nothing more; T > threads counts as a
-// slot found. Every slot -1: 1.25-1.29 us against 1.98-2.72 (H100, N6144 T = 8-256). Calls with
-// adapters pay 0.06-0.23 us: the grouping's loads wait for the check's (with one id per 128-byte
-// line, a session before: 0.3-0.5; bench/NOTES.md "lora v0.32").
+// slot found. Every slot -1: 1.25-1.28 us against 1.98-2.72 (H100, N6144 T = 8-256). Calls with
+// adapters pay 0.05-0.35 us (at most 1.5%): the grouping's loads wait for the check's (with one
+// id per 128-byte line, a session before: 0.3-0.5; bench/NOTES.md "lora v0.32").
 __device__ __forceinline__ bool plain_any_first_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
