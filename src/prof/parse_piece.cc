@@ -457,6 +457,15 @@ void parse_piece_impl(const char* data, size_t len, uint64_t base, PieceResult* 
     ++out->events;
     if (auto e = keep(ev, out, &scratch)) return fail(e, "trace event");
   }
+  // On-Demand checks only what it reads, and skips the rest of an event by counting brackets. In a
+  // malformed piece (stray bytes after a value, a key with two values) that count can go astray
+  // and the walk end past the piece's last token, in the padding, whose bytes are whatever
+  // follows the piece in the reader's buffer: the verdict then depended on where the piece
+  // ended (a trace read whole was "ok", the same trace in small pieces a parse error; the prof
+  // fuzzer's split check). A piece read to its end stops exactly at its closing ']'.
+  const char* end = nullptr;
+  if (doc.current_location().get(end) != simdjson::OUT_OF_BOUNDS)
+    return fail(simdjson::TAPE_ERROR, "traceEvents");
 }
 
 }  // namespace MOLORA_PROF_PARSE_NS
