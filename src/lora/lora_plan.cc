@@ -32,6 +32,16 @@ Status switch_setting(const char* name, int* out) {
   if (v.empty() || v == "0" || v == "1") return Status::Ok();
   return Status::InvalidArgument(std::string(name) + " must be empty, 0 or 1, got '" + v + "'");
 }
+// A PlanOptions switch (-1 the setting, 0 off, 1 on) into *out: the option's 0 or 1, else the
+// setting's (out stays -1 when it is empty); above 1 is an error naming the option.
+Status option_or_setting(int value, const char* option, const char* setting, int* out) {
+  *out = value;
+  if (value < 0) return switch_setting(setting, out);
+  if (value > 1)
+    return Status::InvalidArgument(std::string("PlanOptions::") + option +
+                                   " must be -1, 0 or 1, got " + std::to_string(value));
+  return Status::Ok();
+}
 
 std::mutex& mu() {
   static std::mutex m;
@@ -414,22 +424,14 @@ Status plan(const Problem& pb, Plan* out, const PlanOptions& opt) {
   MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_PDL", &pdl));
   pl.pdl = pdl != 0;
   // Early inputs: only the caller knows that nothing still running writes them (Plan).
-  int early = opt.early_inputs;
-  if (early < 0) {
-    MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_EARLY_INPUTS", &early));
-  } else if (early > 1) {
-    return Status::InvalidArgument("PlanOptions::early_inputs must be -1, 0 or 1, got " +
-                                   std::to_string(early));
-  }
-  pl.early_inputs = early == 1 && stream && pl.pdl;
-  // The every-slot -1 check of the plain stream kernels (Plan::slot_check).
-  int check = opt.slot_check;
-  if (check < 0) {
-    MOLORA_RETURN_IF_ERROR(switch_setting("MOLORA_LORA_SLOT_CHECK", &check));
-  } else if (check > 1) {
-    return Status::InvalidArgument("PlanOptions::slot_check must be -1, 0 or 1, got " +
-                                   std::to_string(check));
-  }
+  int early = -1;
+  MOLORA_RETURN_IF_ERROR(
+      option_or_setting(opt.early_inputs, "early_inputs", "MOLORA_LORA_EARLY_INPUTS", &early));
+  pl.early_inputs = early == 1 && stream && pl.pdl;  // (off unless asked for)
+  // The every-slot -1 check of the plain stream kernels (Plan::slot_check; on unless turned off).
+  int check = -1;
+  MOLORA_RETURN_IF_ERROR(
+      option_or_setting(opt.slot_check, "slot_check", "MOLORA_LORA_SLOT_CHECK", &check));
   pl.slot_check = check != 0 && stream && !aligned;
 
   // Heuristic. Groups that will hold work: the distinct (slot, expert) pairs when known, else
