@@ -986,9 +986,16 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
 // 1.61-2.54 (H100, N6144 T = 8-256; empty launch 0.96). Calls with adapters: -0.25 to +0.28 us
 // (one id per 128-byte line, v0.31: +0.2-0.4 us; bench/NOTES.md "lora v0.32"). The shrink
 // kernels, at their register cap, spilled with this check (28 / 0 / 12 -> 40-116 bytes of
-// spill stores; calls with adapters 1-6% slower): theirs is plain_any_first_slot, below, in the
+// spill stores; calls with adapters 1-6% slower): theirs is plain_any_slot<false>, in the
 // kernel.
-// Whether any token's slot is in [0, S) (whole CTA; plain_groups<true>).
+// Whether any token's slot is in [0, S) (whole CTA). kLoops (the expand, plain_groups<true>):
+// every token's slot and one expert id per sector of every pair. Else (the plain shrink, in the
+// kernel): no loops, so that the shrink kernels, at their register cap, spill nothing more: the
+// first slot and id of each thread only, and T > threads counts as a slot found. The shrink's
+// every slot -1: 1.25-1.28 us against 1.98-2.72 (H100, N6144 T = 8-256); its calls with adapters
+// pay 0.05-0.35 us (at most 1.5%): the grouping's loads wait for the check's (with one id per
+// 128-byte line, a session before: 0.3-0.5; bench/NOTES.md "lora v0.32").
+template <bool kLoops>
 __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
@@ -999,34 +1006,24 @@ __device__ __forceinline__ bool plain_any_slot(const KernelArgs& a) {
   const int e0 = p0 < P ? __ldg(a.rt.topk_ids + p0) : 0;
   const int s0 = tid < T ? __ldg(a.rt.slot_ids + tid) : -1;
   bool any = (s0 >= 0 && s0 < a.S) || e0 == INT_MIN;
+  if constexpr (kLoops) {
 #pragma unroll 1
-  for (int p = p0 + nt * 8; p < P; p += nt * 8) any |= __ldg(a.rt.topk_ids + p) == INT_MIN;
+    for (int p = p0 + nt * 8; p < P; p += nt * 8) any |= __ldg(a.rt.topk_ids + p) == INT_MIN;
 #pragma unroll 1
-  for (int t = tid + nt; t < T; t += nt) {
-    const int s = __ldg(a.rt.slot_ids + t);
-    any |= s >= 0 && s < a.S;
+    for (int t = tid + nt; t < T; t += nt) {
+      const int s = __ldg(a.rt.slot_ids + t);
+      any |= s >= 0 && s < a.S;
+    }
+  } else {
+    any |= T > nt;
   }
   return __syncthreads_or(any);
-}
-// The plain shrink's slot check (Plan::slot_check; the expand's is plain_any_slot, above): no
-// loops, one slot (token tid) and one expert id per 32-byte sector (pair tid * 8) per thread, so
-// that the shrink kernels, at their register cap, spill nothing more; T > threads counts as a
-// slot found. Every slot -1: 1.25-1.28 us against 1.98-2.72 (H100, N6144 T = 8-256). Calls with
-// adapters pay 0.05-0.35 us (at most 1.5%): the grouping's loads wait for the check's (with one
-// id per 128-byte line, a session before: 0.3-0.5; bench/NOTES.md "lora v0.32").
-__device__ __forceinline__ bool plain_any_first_slot(const KernelArgs& a) {
-  const int nt = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-  const int P = static_cast<int>(a.P), T = static_cast<int>(a.T);
-  const int p0 = tid * 8;
-  const int e0 = p0 < P ? __ldg(a.rt.topk_ids + p0) : 0;
-  const int s0 = tid < T ? __ldg(a.rt.slot_ids + tid) : -1;
-  return __syncthreads_or((s0 >= 0 && s0 < a.S) || e0 == INT_MIN || T > nt);
 }
 template <bool kCheck>
 __device__ __forceinline__ void plain_groups(Ctx& x) {
   const KernelArgs& a = *x.a;
   int groups = 0;
-  if (!kCheck || a.slot_check == 0 || plain_any_slot(a)) {
+  if (!kCheck || a.slot_check == 0 || plain_any_slot<true>(a)) {
     PlainIn in;
     in.topk = a.rt.topk_ids, in.slot = a.rt.slot_ids, in.fd_k = a.fd_k;
     in.P = static_cast<int>(a.P), in.S = a.S, in.E = a.E, in.V = x.V;

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(32 * stream_max_consumers(Op::kShrink), 1)
     // Every slot -1 (Plan::slot_check): leave before the grouping, where leaving needs no wait
     // (early && late waits first: the grouping's own "No valid key" way out, below, does that).
     // A bare return: a pdl_wait here put spill loads into the task loop (bench/NOTES.md).
-    if (a.slot_check != 0 && !(early && late) && !plain_any_first_slot(a)) {
+    if (a.slot_check != 0 && !(early && late) && !plain_any_slot<false>(a)) {
       trace_done(a.trace);
       return;
     }
