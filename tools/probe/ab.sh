@@ -7,7 +7,8 @@
 # runs every variant under every setting in turn (interleaved), printing
 # "r<round> <variant>[+<setting>] <bench line>".
 # Usage: tools/probe/ab.sh [--stage NAME] | [ROUNDS] (default 2; cases in AB_CASES, one per line:
-#   "<op> <shape> <T-list> [more bench flags]")
+#   "<op> <shape> <T-list> [more bench flags]"; a case's flags end each of its lines as
+#   " [<flags>]", so that tools/probe/ab-summary.sh keeps such cases apart)
 # Env: ENVS (settings, one per line, e.g. MOLORA_LORA_EARLY_INPUTS=1; "-" = none; default "-"),
 #   ROUTING (aligned (default) or plain: every case's routing),
 #   LIBS (library folders to compare instead of build-ab's variants, e.g. build-gpu/src; labelled
@@ -46,7 +47,7 @@ for r in $(seq "$ROUNDS"); do
           bench lora --shape "$shape" --routing "${ROUTING:-aligned}" --op "$op" --T "$Ts" $rest 2>&1 |
           grep "us, floor" |
           sed -E 's/ floor [0-9.]+ us,//; s/ of copy [0-9.]+ GB\/s//; s/\.aligned-stream\.bf16//' |
-          sed "s#^#r$r $label #"
+          sed "s#^#r$r $label #; s#\$#${rest:+ [$rest]}#"
       done <<< "$ENVS"
     done
   done <<< "$CASES"
