@@ -458,6 +458,38 @@ TEST(LoraPlan, DependentLaunchChoice) {
   EXPECT_NE(st.message().find("MOLORA_LORA_PDL"), std::string::npos) << st.message();
 }
 
+namespace {
+// The rule the plan's switches share (early_inputs, slot_check: option_or_setting in
+// lora_plan.cc), on a problem where the switch can be on: the option 0 wins over the setting "1";
+// the option -1 takes the setting ("1" on, "0" off); any other setting value is an error naming
+// the setting, an option above 1 one naming the option. Leaves the setting unset.
+void expect_option_or_setting(const Problem& pb, PlanOptions o, int PlanOptions::*option,
+                              bool Plan::*field, const char* setting, const char* option_name,
+                              const char* bad_setting) {
+  SCOPED_TRACE(setting);
+  Plan pl;
+  o.*option = 0;  // the option wins over the setting
+  molora::set_setting(setting, "1");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.*field);
+  o.*option = -1;  // the setting
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_TRUE(pl.*field);
+  molora::set_setting(setting, "0");
+  ASSERT_TRUE(plan(pb, &pl, o).ok());
+  EXPECT_FALSE(pl.*field);
+  molora::set_setting(setting, bad_setting);
+  Status st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(setting), std::string::npos) << st.message();
+  molora::set_setting(setting, std::nullopt);
+  o.*option = 2;
+  st = plan(pb, &pl, o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(option_name), std::string::npos) << st.message();
+}
+}  // namespace
+
 // Early inputs (the stream kernels read the routing, ranks, scales and weights before waiting for
 // the kernel before them): off unless asked for (PlanOptions::early_inputs, or the setting when
 // the option is -1), and only on a stream plan with dependent launch (else there is no wait to
@@ -492,25 +524,8 @@ TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_FALSE(pl.early_inputs);
   molora::set_setting("MOLORA_LORA_PDL", std::nullopt);
-  o.early_inputs = 0;  // the option wins over the setting
-  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "1");
-  ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_FALSE(pl.early_inputs);
-  o.early_inputs = -1;  // the setting
-  ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_TRUE(pl.early_inputs);
-  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "0");
-  ASSERT_TRUE(plan(pb, &pl, o).ok());
-  EXPECT_FALSE(pl.early_inputs);
-  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", "yes");
-  Status st = plan(pb, &pl, o);
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("MOLORA_LORA_EARLY_INPUTS"), std::string::npos) << st.message();
-  molora::set_setting("MOLORA_LORA_EARLY_INPUTS", std::nullopt);
-  o.early_inputs = 2;
-  st = plan(pb, &pl, o);
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("early_inputs"), std::string::npos) << st.message();
+  expect_option_or_setting(pb, o, &PlanOptions::early_inputs, &Plan::early_inputs,
+                           "MOLORA_LORA_EARLY_INPUTS", "early_inputs", "yes");
 }
 
 // The every-slot -1 check (Plan::slot_check): on by default in the plain stream kernels, shrink
@@ -537,25 +552,8 @@ TEST(LoraPlan, SlotCheckOnPlainStreamUnlessTurnedOff) {
     EXPECT_FALSE(pl.slot_check);
     EXPECT_EQ(pl.to_string().find("slot-check"), std::string::npos) << pl.to_string();
     EXPECT_NE(pl.to_json().find("\"slot_check\":false"), std::string::npos) << pl.to_json();
-    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "1");  // the option wins over the setting
-    ASSERT_TRUE(plan(pb, &pl, o).ok());
-    EXPECT_FALSE(pl.slot_check);
-    o.slot_check = -1;  // the setting
-    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "0");
-    ASSERT_TRUE(plan(pb, &pl, o).ok());
-    EXPECT_FALSE(pl.slot_check);
-    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "1");
-    ASSERT_TRUE(plan(pb, &pl, o).ok());
-    EXPECT_TRUE(pl.slot_check);
-    molora::set_setting("MOLORA_LORA_SLOT_CHECK", "off");
-    Status st = plan(pb, &pl, o);
-    EXPECT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("MOLORA_LORA_SLOT_CHECK"), std::string::npos) << st.message();
-    molora::set_setting("MOLORA_LORA_SLOT_CHECK", std::nullopt);
-    o.slot_check = 2;
-    st = plan(pb, &pl, o);
-    EXPECT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("slot_check"), std::string::npos) << st.message();
+    expect_option_or_setting(pb, o, &PlanOptions::slot_check, &Plan::slot_check,
+                             "MOLORA_LORA_SLOT_CHECK", "slot_check", "off");
     o.slot_check = 1;
     o.kernel = "grid";  // the grid kernels: no grouping in shared memory to skip
     ASSERT_TRUE(plan(pb, &pl, o).ok());
