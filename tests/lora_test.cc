@@ -358,13 +358,18 @@ Problem seed_expand_aligned() {
   pb.sorted_len = 512 + 1280 * 15;
   return pb;
 }
+// The planner's heuristic on an H100-sized GPU: 132 SMs, no tuned config file.
+PlanOptions heuristic_options() {
+  PlanOptions o;
+  o.sm_count = 132;
+  o.config_path = "none";
+  return o;
+}
 }  // namespace
 
 TEST(LoraPlan, HeuristicFieldsAreConsistent) {
   Problem pb = seed_expand_problem();
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.variant, "expand.plain-stream.bf16");  // the planner's choice for 512 plain pairs
@@ -421,9 +426,7 @@ TEST(LoraPlan, HeuristicFieldsAreConsistent) {
 TEST(LoraPlan, DependentLaunchChoice) {
   const SettingsReset reset{"MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.kernel, "stream");
@@ -497,9 +500,7 @@ void expect_option_or_setting(const Problem& pb, PlanOptions o, int PlanOptions:
 TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
   const SettingsReset reset{"MOLORA_LORA_EARLY_INPUTS", "MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   ASSERT_EQ(pl.kernel, "stream");
@@ -534,9 +535,7 @@ TEST(LoraPlan, EarlyInputsOnlyWhenAskedOnStreamWithDependentLaunch) {
 // the option or the setting. The plan says so, and plan_delta's two plans follow the option.
 TEST(LoraPlan, SlotCheckOnPlainStreamUnlessTurnedOff) {
   const SettingsReset reset{"MOLORA_LORA_SLOT_CHECK", "MOLORA_LORA_KERNEL"};
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   Plan pl;
   for (Op op : {Op::kShrink, Op::kExpand}) {
     Problem pb = problem(op, 64, 160, 32, 6144);
@@ -582,9 +581,7 @@ TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
   const SettingsReset reset{"MOLORA_LORA_EARLY_INPUTS", "MOLORA_LORA_PDL"};
   Problem pb = seed_expand_aligned();
   pb.op = Op::kShrink, pb.K = 6144, pb.N = 0;
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   DeltaPlan d;
   ASSERT_TRUE(plan_delta(pb, 4096, &d, o).ok());
   EXPECT_EQ(d.shrink.variant.rfind("shrink.", 0), 0u) << d.shrink.variant;
@@ -639,9 +636,7 @@ TEST(LoraPlan, DeltaPlanReadsTheExpandsInputsEarly) {
 
 TEST(LoraPlan, StreamKernelChoice) {
   Problem pb = seed_expand_aligned();
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
   EXPECT_EQ(pl.kernel, "stream");  // the default for aligned expand with blocks <= 32
@@ -898,9 +893,7 @@ TEST(LoraPlan, StreamLayoutFitsEveryAcceptedShape) {
 
 TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
   Problem pb = problem(Op::kShrink, 1, 256, 32, 7168);
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   o.kernel = "grid";  // (plain routing from 64 pairs takes the stream kernel by default)
   Plan pl;
   ASSERT_TRUE(plan(pb, &pl, o).ok());
@@ -933,9 +926,7 @@ TEST(LoraPlan, ShrinkTileSplitsRowsAtSmallBatches) {
 // and 8, the tiles that `molora bench lora --tune` measured fastest on both the H100 and the
 // H200 (bench/NOTES.md "lora v0.14"), within 5% where the two GPUs' picks differ.
 TEST(LoraPlan, GridHeuristicTakesTheTunersTiles) {
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   o.kernel = "grid";  // (plain routing from 64 pairs takes the stream kernel by default)
   struct Case {
     Op op;
@@ -1280,9 +1271,7 @@ TEST(LoraPlan, HeuristicEntryFollowsTheCallsPairCount) {
 // was launched, and an aligned grid plan for blocks of 16 passed for blocks of 64 with the same
 // block count, its shared memory a quarter of what the member list writes.
 TEST(LoraPlan, CheckPlanRefusesPlansTheKernelsCannotRun) {
-  PlanOptions o;
-  o.sm_count = 132;
-  o.config_path = "none";
+  PlanOptions o = heuristic_options();
   auto refused = [&](const Problem& pb, const Plan& pl, const char* why) {
     const Status st = molora::lora::detail::check_plan(pb, pl);
     EXPECT_FALSE(st.ok()) << why;
