@@ -9,6 +9,7 @@ fail=0
 # The "## lora" section: from its heading to the next "## " heading.
 section=$(awk '/^## lora$/ {on = 1; next} on && /^## / {exit} on' "$notes")
 [ -n "$section" ] || { echo "FAIL: no '## lora' section in $notes"; exit 1; }
+heads=$(grep -E '^[^ -]' <<< "$section")  # the lines that open an entry
 rows=0
 while IFS= read -r line; do
   case "$line" in
@@ -23,7 +24,7 @@ while IFS= read -r line; do
     echo "FAIL: row without five cells: $line"; fail=1; continue
   fi
   where=$(awk -F' [|] ' '{print $2}' <<< "$line")
-  if ! grep -qF -- "$where" <<< "$(grep -E '^[^ -]' <<< "$section" | cut -c1-${#where})"; then
+  if ! grep -qxF -- "$where" <<< "$(cut -c1-${#where} <<< "$heads")"; then
     echo "FAIL: '$where' opens no entry of NOTES' lora section: $line"; fail=1
   fi
 done < "$index"
