@@ -13,36 +13,9 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "bench_util.h"
 
 namespace {
-
-double copy_bandwidth_gbs() {
-  const size_t n = size_t{256} << 20;
-  void *a, *b;
-  CK(cudaMalloc(&a, n));
-  CK(cudaMalloc(&b, n));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  return 2.0 * n * 10 / (ms * 1e-3) / 1e9;  // read + write
-}
 
 struct Row {
   int64_t V, T, B;
@@ -53,7 +26,7 @@ struct Row {
 }  // namespace
 
 int main() {
-  const double copy_gbs = copy_bandwidth_gbs();
+  const double copy_gbs = molora::bench::copy_bandwidth_gbs();
   std::mt19937 g(12345);
   std::vector<Row> rows;
   cudaStream_t s;

@@ -22,16 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "molora/comm.h"
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 #define OK(x)                                                                           \
   do {                                                                                  \
     ::molora::Status s_ = (x);                                                          \
@@ -46,26 +39,6 @@ using namespace molora;
 namespace {
 
 constexpr int kCalls = 20;  // calls per graph
-
-double copy_bandwidth_gbs() {
-  const size_t n = size_t{256} << 20;
-  void *a, *b;
-  CK(cudaMalloc(&a, n));
-  CK(cudaMalloc(&b, n));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  return 2.0 * n * 10 / (ms * 1e-3) / 1e9;
-}
 
 enum class Op { kAllReduce, kFused };
 
@@ -217,7 +190,7 @@ double nccl_world1_us(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double copy_gbs = copy_bandwidth_gbs();
+  const double copy_gbs = molora::bench::copy_bandwidth_gbs();
   const size_t max_bytes = size_t{16} << 20;
   std::vector<size_t> sizes;
   for (size_t b = 1024; b <= max_bytes; b *= 2) sizes.push_back(b);
