@@ -521,41 +521,47 @@ __device__ __forceinline__ int scan_runs(int n, F&& f, int* out, int* wtot) {
   }
   return total;
 }
-// Sorts the warp's 32 * H keys ascending (H = 1 or 2; key h of lane l is position 32h + l) with
-// a bitonic network of shuffles. A step at size k, stride j pairs positions i and i ^ j; the
-// lower takes the smaller key when i & k is 0 (the larger otherwise), so at k = 32 key 0 of each
-// lane is sorted ascending and key 1 descending, and the size-64 step (H = 2) merges the two:
-// stride 32 within the lane, then strides 16 .. 1 all ascending. Used by plain_build's warp sort
-// (H = 1) and its block sort's chunks (H = 2). n (H = 1, warp-uniform, a power of two <= 32):
-// only the sizes up to n, so that lanes [0, n) end sorted ascending (the steps pair lanes within
-// blocks of n; lanes past n are left in any order): where only the first n lanes hold keys.
-template <int H>
-__device__ __forceinline__ void warp_bitonic_sort(uint32_t (&e)[H], int lane, int n = 32) {
-  static_assert(H == 1 || H == 2, "32 or 64 keys per warp");
+// Sorts the warp's 32 keys ascending (lane l's key is position l) with a bitonic network of
+// shuffles. A step at size k, stride j pairs positions i and i ^ j; the lower takes the smaller
+// key when i & k is 0 (the larger otherwise). n (warp-uniform, a power of two <= 32): only the
+// sizes up to n, so that lanes [0, n) end sorted ascending (the steps pair lanes within blocks of
+// n; lanes past n are left in any order): where only the first n lanes hold keys. Used by
+// plain_build's warp sort.
+__device__ __forceinline__ void warp_bitonic_sort32(uint32_t& e, int lane, int n) {
 #pragma unroll
   for (int k = 2; k <= 32; k <<= 1) {
-    if (H == 1 && k > n) break;
+    if (k > n) break;
 #pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
-      const bool lower = (lane & j) == 0;
-#pragma unroll
-      for (int h = 0; h < H; ++h) {
-        const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
-        const bool asc = ((32 * h + lane) & k) == 0;
-        e[h] = lower == asc ? min(e[h], o) : max(e[h], o);
-      }
+      const uint32_t o = __shfl_xor_sync(~0u, e, j);
+      e = ((lane & j) == 0) == ((lane & k) == 0) ? min(e, o) : max(e, o);
     }
   }
-  if constexpr (H == 2) {
-    const uint32_t lo = min(e[0], e[1]), hi = max(e[0], e[1]);
-    e[0] = lo, e[1] = hi;
+}
+// Sorts the warp's 64 keys ascending, lane l holding positions 2l (e0) and 2l + 1 (e1), by the
+// same network at sizes 2 .. 64. The layout makes every stride-1 step (one per size, 6 of the
+// 21) pair a lane's own two keys, so it needs no shuffle; a stride j >= 2 pairs lane l with lane
+// l ^ (j / 2), key for key, and both keys of a lane go the same way (k >= 2). Used by
+// plain_build's block sort. (Before, positions l and 32 + l, and 20 of the 21 steps shuffled;
+// this layout and the rank search's skip of a key's own chunk: the plain shrink 0.07-0.12 us
+// faster at 128-256 pairs, the expand within +0.03 / -0.07, H100, bench/NOTES.md "lora,
+// forty-first session".) The network stays unrolled: as loops (strides computed) it cost
+// 0.6-1.2 us more per call at those sizes (the same entry).
+__device__ __forceinline__ void warp_bitonic_sort64(uint32_t& e0, uint32_t& e1, int lane) {
 #pragma unroll
-    for (int j = 16; j > 0; j >>= 1) {
-      const bool lower = (lane & j) == 0;
+  for (int k = 2; k <= 64; k <<= 1) {
+    const bool asc = ((lane << 1) & k) == 0;  // (both keys' positions: k >= 2)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t o = __shfl_xor_sync(~0u, e[h], j);
-        e[h] = lower ? min(e[h], o) : max(e[h], o);
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j == 1) {
+        const uint32_t lo = min(e0, e1), hi = max(e0, e1);
+        e0 = asc ? lo : hi, e1 = asc ? hi : lo;
+      } else {
+        const int m = j >> 1;
+        const bool keep_min = ((lane & m) == 0) == asc;
+        const uint32_t o0 = __shfl_xor_sync(~0u, e0, m), o1 = __shfl_xor_sync(~0u, e1, m);
+        e0 = keep_min ? min(e0, o0) : max(e0, o0);
+        e1 = keep_min ? min(e1, o1) : max(e1, o1);
       }
     }
   }
@@ -650,13 +656,11 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   if (P <= 32) {
     if (w == 0) {
       const int k = lane < P ? key_of(lane) : -1;
-      uint32_t e[1] = {k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane)
-                              : ~0u};
+      uint32_t v = k >= 0 ? (static_cast<uint32_t>(k) << 5) | static_cast<uint32_t>(lane) : ~0u;
       // Keys only in lanes [0, P): the network up to the power of two n >= P (6 steps of 15 at
       // P = 8, one token at top-8), and none at all without a valid key ("No valid key" above).
       if (__any_sync(~0u, k >= 0))
-        warp_bitonic_sort(e, lane, P <= 1 ? 1 : 1 << (32 - __clz(P - 1)));
-      const uint32_t v = e[0];
+        warp_bitonic_sort32(v, lane, P <= 1 ? 1 : 1 << (32 - __clz(P - 1)));
       const bool valid = v != ~0u;
       const uint32_t prev = __shfl_up_sync(~0u, v, 1);
       const bool head = valid && (lane == 0 || (prev >> 5) != (v >> 5));
@@ -742,7 +746,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     }
   } else if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
     // Sort (see above). n = the keys' power of two; chunk c = positions [64c, 64c + 64), lane l
-    // holding positions 64c + l (e0) and 64c + 32 + l (e1). Keys are distinct: a pair without
+    // holding positions 64c + 2l (e0) and 64c + 2l + 1 (e1). Keys are distinct: a pair without
     // a v (and a position past P) gets kNone | pair, which sorts after every valid key.
     constexpr uint32_t kNone = ~0u << 11;
     uint32_t* sk = reinterpret_cast<uint32_t*>(base + sc.key);  // n keys, each chunk sorted
@@ -759,28 +763,30 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
       uint32_t e[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int p = b + 32 * h + lane;
+        const int p = b + 2 * lane + h;
         const int k = p < P ? key_of(p) : -1;
         seen |= k >= 0;
         e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
       // A chunk without a valid key holds kNone | position at each position: already in order,
       // so its network is skipped (every slot -1, or a chunk of tokens without adapter).
-      if (__any_sync(~0u, e[0] < kNone || e[1] < kNone)) warp_bitonic_sort(e, lane);
-      sk[b + lane] = e[0], sk[b + 32 + lane] = e[1];
+      if (__any_sync(~0u, e[0] < kNone || e[1] < kNone)) warp_bitonic_sort64(e[0], e[1], lane);
+      reinterpret_cast<uint2*>(sk + b)[lane] = make_uint2(e[0], e[1]);
     }
     if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
       mark(1);
       const uint32_t* srt = sk;  // the n keys in order
       if (nch > 1) {
         // Past a chunk: a key's place is the number of keys below it, the sum over the chunks of
-        // its lower bound there (a binary search of 64 keys, every chunk's step at once: seven
-        // dependent shared-memory loads per key). One barrier, whatever n.
+        // its lower bound there: in its own chunk its index there (the keys are distinct), in
+        // each other a binary search of 64 keys, every chunk's step at once (seven dependent
+        // shared-memory loads per key and chunk). One barrier, whatever n.
         uint32_t* out = reinterpret_cast<uint32_t*>(base + sc.scan);
         constexpr int kMaxChunks = kPlainSortPairs / 64;
 #pragma unroll 1
         for (int i = tid; i < n; i += nt) {
           const uint32_t x = sk[i];
+          const int own = i >> 6;  // (warp-uniform)
           int at[kMaxChunks];
 #pragma unroll
           for (int c = 0; c < kMaxChunks; ++c) at[c] = c << 6;
@@ -788,11 +794,11 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
           for (int st = 32; st > 0; st >>= 1)
 #pragma unroll
             for (int c = 0; c < kMaxChunks; ++c)
-              if (c < nch && sk[at[c] + st - 1] < x) at[c] += st;
-          int place = 0;
+              if (c < nch && c != own && sk[at[c] + st - 1] < x) at[c] += st;
+          int place = i & 63;
 #pragma unroll
           for (int c = 0; c < kMaxChunks; ++c)
-            if (c < nch) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
+            if (c < nch && c != own) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
           out[place] = x;
         }
         __syncthreads();
