@@ -176,7 +176,7 @@ constexpr int kStreamPlainPairs = 2048;
 constexpr double kTuneMargin = 0.97;
 constexpr int kStreamPlainMaxV = 65536;
 // The scratch's small area (PlainScratch::wtot), 32-bit words: the block scan's warp totals (one
-// per warp, <= 32), or the block sort's two bit words per 32 positions and its key count.
+// per warp, <= 32 used).
 constexpr int kStreamPlainWtotWords = 64;
 inline bool stream_plain_ok(int64_t P, int64_t V) {
   return P <= kStreamPlainPairs && V <= kStreamPlainMaxV;

@@ -538,30 +538,34 @@ __device__ __forceinline__ void warp_bitonic_sort32(uint32_t& e, int lane, int n
     }
   }
 }
-// Sorts the warp's 64 keys ascending, lane l holding positions 2l (e0) and 2l + 1 (e1), by the
-// same network at sizes 2 .. 64. The layout makes every stride-1 step (one per size, 6 of the
-// 21) pair a lane's own two keys, so it needs no shuffle; a stride j >= 2 pairs lane l with lane
-// l ^ (j / 2), key for key, and both keys of a lane go the same way (k >= 2). Used by
-// plain_build's block sort. (Before, positions l and 32 + l, and 20 of the 21 steps shuffled;
-// this layout and the rank search's skip of a key's own chunk: the plain shrink 0.07-0.12 us
-// faster at 128-256 pairs, the expand within +0.03 / -0.07, H100, bench/NOTES.md "lora,
-// forty-first session".) The network stays unrolled: as loops (strides computed) it cost
-// 0.6-1.2 us more per call at those sizes (the same entry).
-__device__ __forceinline__ void warp_bitonic_sort64(uint32_t& e0, uint32_t& e1, int lane) {
+// Sorts the warp's 256 keys ascending, lane l holding positions 8l + h (e[h]), by the bitonic
+// network at the sizes up to n (warp-uniform, a power of two in [8, 256]; positions [0, n) end
+// sorted ascending, the blocks past n in any order). Strides 1-4 pair a lane's own keys (21 of
+// the 36 steps at n = 256, no shuffle); a stride j >= 8 pairs lane l with lane l ^ (j / 8), key
+// for key. Used by plain_build's warp sort of up to 256 pairs.
+__device__ __forceinline__ void warp_bitonic_sort256(uint32_t (&e)[8], int lane, int n) {
 #pragma unroll
-  for (int k = 2; k <= 64; k <<= 1) {
-    const bool asc = ((lane << 1) & k) == 0;  // (both keys' positions: k >= 2)
+  for (int k = 2; k <= 256; k <<= 1) {
+    if (k > n) break;
+    const bool lasc = ((lane << 3) & k) == 0;  // (the direction for k >= 8: a lane's 8 keys)
 #pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
-      if (j == 1) {
-        const uint32_t lo = min(e0, e1), hi = max(e0, e1);
-        e0 = asc ? lo : hi, e1 = asc ? hi : lo;
+      if (j < 8) {
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+          if (h & j) continue;
+          const bool asc = k < 8 ? (h & k) == 0 : lasc;
+          const uint32_t lo = min(e[h], e[h | j]), hi = max(e[h], e[h | j]);
+          e[h] = asc ? lo : hi, e[h | j] = asc ? hi : lo;
+        }
       } else {
-        const int m = j >> 1;
-        const bool keep_min = ((lane & m) == 0) == asc;
-        const uint32_t o0 = __shfl_xor_sync(~0u, e0, m), o1 = __shfl_xor_sync(~0u, e1, m);
-        e0 = keep_min ? min(e0, o0) : max(e0, o0);
-        e1 = keep_min ? min(e1, o1) : max(e1, o1);
+        const int m = j >> 3;
+        const bool keep_min = ((lane & m) == 0) == lasc;
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+          const uint32_t o = __shfl_xor_sync(~0u, e[h], m);
+          e[h] = keep_min ? min(e[h], o) : max(e[h], o);
+        }
       }
     }
   }
@@ -572,23 +576,19 @@ __device__ __forceinline__ void warp_bitonic_sort64(uint32_t& e0, uint32_t& e1, 
 // virtual expert (slot -1 or out of range, expert out of range) join none. Every CTA computes
 // the same groups, and the order does not depend on timing (no atomic decides a position), so
 // the tasks are those of the aligned call at that block size, member for member. Whole CTA;
-// returns the number of groups (plain_groups sets x.poff and x.pgroups). Four ways, by size:
+// returns the number of groups (plain_groups sets x.poff and x.pgroups). Three ways, by size:
 //   P <= 32: warp 0 alone sorts the 32 keys (v << 5 | pair) in registers (a bitonic network of
 //     shuffles); a pair's sorted position is its place, a key's first pair opens its group (a
 //     key holds at most 32 pairs here). One barrier.
-//   P <= kPlainCountPairs (and <= the CTA's threads): counting, as the align kernel's small
-//     path: G = threads / P (a power of two, <= 32) threads per pair compare its v with every
-//     other pair's: its rank among the pairs of its v, their count, and the pairs of smaller v
-//     (its place is their sum); then, with each v's group count at its first pair, the groups of
-//     smaller v (its group). Three barriers. (Quadratic: 1.8 us at 64 pairs, 3.8 at 128.)
-//   P <= kPlainSortPairs: a sort of the keys (v << 11 | pair; kNone | pair without a v) over
-//     n = the next power of two >= P (>= 64): each warp sorts chunks of 64 in registers (a
-//     bitonic network of shuffles); past one chunk, a key's place is the sum of its lower bounds
-//     in the sorted chunks (a binary search of 64 in each, all chunks' steps at once), written
-//     to a second array; then a bit per position marks each v's first, a bit per position each
-//     group's first (every 32nd from its v's first), and a group's number is the bits before
-//     it. Five barriers at any n (four at 64 pairs). (v0.26; before, the strides >= 64 of a
-//     bitonic network through shared memory, a barrier each: 9 at 256 pairs, 13 at 512.)
+//   P <= kPlainWarpPairs: warp 0 alone sorts the keys (v << 11 | pair; kNone | pair without a
+//     v), 8 per lane in registers, by one bitonic network up to n = the power of two >= P (21 of
+//     its 36 steps at n = 256 inside a lane); each key's v-first place (the last key at or
+//     before it whose v differs from the one before it) comes from a max-scan over the lanes,
+//     the groups' firsts (every 32nd place from it) and their numbers from a sum-scan. One
+//     barrier. (The forty-first session, bench/NOTES.md: before, counting to 64 pairs, three
+//     barriers, and a block sort of 64-key chunks merged by binary searches to 256, five; this
+//     way is 0.3-0.5 us faster per call at 64-256 pairs on the H100, but for the shrink N4096
+//     at 64 pairs, unchanged, though its unrolled network is ~2,200 SASS instructions.)
 //   else, tables: 1. each pair's virtual expert v (or -1) into key[]; a bitmap of the v present
 //     and its words' prefix counts give each v its dense index d; 2. warp w takes pairs
 //     [w * seg, (w + 1) * seg) 32 at a time: __match_any_sync finds the lanes of equal d, so
@@ -605,12 +605,9 @@ __device__ __forceinline__ void warp_bitonic_sort64(uint32_t& e0, uint32_t& e1, 
 // in it, plain expand N2048 T=64, v0.22). So its loops with run-time bounds are not unrolled
 // (`#pragma unroll 1`; they run a few times each) and the block scan reads the warps' totals
 // with shuffles: 39.5 KB of code -> 21.6 KB, ~0.5-0.9 us less per call at T = 64-256.
-constexpr int kPlainCountPairs = 64;
-constexpr int kPlainSortPairs = 256;
-static_assert(2 * (kPlainSortPairs / 32) + 1 <= kStreamPlainWtotWords,
-              "the block sort's bit words and count fit the scratch's wtot area");
-static_assert(kPlainSortPairs <= kStreamPlainPairs && kPlainSortPairs % 64 == 0,
-              "the block sort's keys in order fit the scratch's scan area (a word per pair)");
+constexpr int kPlainWarpPairs = 256;  // warp 0's sort, 8 keys per lane
+static_assert(kPlainWarpPairs == 8 * 32 && kPlainWarpPairs <= kStreamPlainPairs,
+              "the warp sort holds 8 keys per lane; its positions are 16-bit pair ids");
 // The groups that c pairs of one virtual expert make (kStreamMaxBlock pairs each).
 __device__ __forceinline__ int plain_groups_of(int c) {
   return (c + kStreamMaxBlock - 1) / kStreamMaxBlock;
@@ -646,11 +643,11 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     return (s >= 0 && s < a.S && e >= 0 && e < a.E) ? s * a.E + e : -1;
   };
   // No valid key: no pair with a valid v (every slot -1, say) means no group, and the rest of the
-  // grouping is skipped. The warp sort (P <= 32, one warp) skips its network. Each other path
-  // ends its first barrier, the one after the routing loads, with __syncthreads_or of "a valid
-  // key seen", and without one goes straight to its last barrier, so such a call costs the loads
-  // and two barriers (before, the whole grouping: 3.2 us at P = 256 and 5.0 at 2048 on the H200
-  // against 1.1 for the aligned call).
+  // grouping is skipped. The warp sorts (P <= kPlainWarpPairs, one warp) skip their network.
+  // The tables end their first barrier, the one after the routing loads, with __syncthreads_or
+  // of "a valid key seen", and without one go straight to their last barrier, so such a call
+  // costs the loads and two barriers (before, the whole grouping: 3.2 us at P = 256 and 5.0 at
+  // 2048 on the H200 against 1.1 for the aligned call).
   // (Not a return there: a second way out of this function took 2 registers more in every plain
   // kernel, and spills in the plain shrink kernels.)
   if (P <= 32) {
@@ -680,6 +677,81 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     mark(7);
     return *n_groups;
   }
+  if (P <= kPlainWarpPairs) {
+    // Warp 0 alone: the keys (v << 11 | pair; kNone | pair without a v) of positions 8 lane ..
+    // 8 lane + 7 in its registers, sorted by one network (the sizes up to n, the power of two
+    // >= P); then each key's v-first place (a head is a key whose v differs from the one before;
+    // the last head at or before it: in the lane, then a max-scan over the lanes), the groups'
+    // firsts (every kStreamMaxBlock-th place from it) and their numbers (a sum-scan over the
+    // lanes), all in registers. No barrier but the last.
+    if (w == 0) {
+      constexpr uint32_t kNone = ~0u << 11;
+      int n = 64;
+      while (n < P) n <<= 1;
+      uint32_t e[8];
+      bool any = false;
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        const int p = 8 * lane + h;
+        const int k = p < P ? key_of(p) : -1;
+        any |= k >= 0;
+        e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
+      }
+      // (without a valid key the keys are already in order: kNone | position)
+      if (__any_sync(~0u, any)) warp_bitonic_sort256(e, lane, n);
+      mark(1);
+      const uint32_t before = __shfl_up_sync(~0u, e[7], 1);  // (lane 0: its own, unused)
+      int f = -1, fh[8], nv = 0;
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        const int pos = 8 * lane + h;
+        const bool valid = e[h] < kNone;
+        const uint32_t prev = h == 0 ? before : e[h - 1];
+        if (valid && (pos == 0 || (prev >> 11) != (e[h] >> 11))) f = pos;
+        fh[h] = f;
+        nv += valid ? 1 : 0;
+      }
+      int last = f;  // the last head at or before this lane's end (a max-scan over the lanes)
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(~0u, last, o);
+        if (lane >= o) last = max(last, t);
+      }
+      int carry = __shfl_up_sync(~0u, last, 1);
+      if (lane == 0) carry = -1;
+      unsigned opens = 0;  // bit h: position 8 lane + h opens a group
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        const int first = max(fh[h], carry);
+        if (e[h] < kNone && (8 * lane + h - first) % kStreamMaxBlock == 0) opens |= 1u << h;
+      }
+      const int no = __popc(opens);
+      int incl = no;  // groups opening at or before this lane's end (a sum-scan over the lanes)
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(~0u, incl, o);
+        if (lane >= o) incl += t;
+      }
+      const int nvalid = __reduce_add_sync(~0u, nv);
+      uint32_t m[4];  // the positions' pairs, 8 per lane in one 16-byte store
+#pragma unroll
+      for (int q = 0; q < 4; ++q) m[q] = (e[2 * q] & 0x7ffu) | ((e[2 * q + 1] & 0x7ffu) << 16);
+      reinterpret_cast<uint4*>(mem)[lane] = make_uint4(m[0], m[1], m[2], m[3]);
+      int g = incl - no;
+#pragma unroll
+      for (int h = 0; h < 8; ++h)
+        if (opens & (1u << h)) {
+          gv[g] = static_cast<uint16_t>(e[h] >> 11);
+          gs[g] = static_cast<uint16_t>(8 * lane + h);
+          ++g;
+        }
+      if (lane == 31)
+        gs[incl] = static_cast<uint16_t>(nvalid), *n_groups = static_cast<uint16_t>(incl);
+    }
+    __syncthreads();  // (nothing was written into the stages: no proxy fence)
+    mark(7);
+    return *n_groups;
+  }
   const PlainScratch sc = plain_scratch(nw);
   uint8_t* base = smem + scratch_off;
   uint32_t* bm = reinterpret_cast<uint32_t*>(base + sc.bm);
@@ -691,173 +763,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
   int* scan = reinterpret_cast<int*>(base + sc.scan);
   int* wtot = reinterpret_cast<int*>(base + sc.wtot);
   uint16_t* cntw = reinterpret_cast<uint16_t*>(base + sc.cntw);
-  if (P <= kPlainCountPairs && P <= nt && !(a.dbg & 4096)) {
-    // Counting. Thread t takes pair i = t / G, every G-th other pair from t % G.
-    int G = 1, gshift = 0;  // G = 2^gshift (a shift instead of a division by G)
-    while (G < 32 && 2 * G * P <= nt) G *= 2, ++gshift;
-    const int i = tid >> gshift, sub = tid & (G - 1);
-    int* hb = cnt;  // per pair: at a v's first pair, its groups; else 0
-    const int own = tid < P ? key_of(tid) : -1;
-    if (tid < P) key[tid] = own;
-    if (__syncthreads_or(own >= 0)) {  // (else no group: "No valid key" above)
-      const int v = i < P ? key[i] : -1;
-      int c = 0, rank = 0, less = 0, valid = 0;
-      for (int j = sub; j < P; j += G) {
-        const int kj = key[j];
-        c += kj == v;
-        rank += kj == v && j < i;
-        less += kj >= 0 && kj < v;
-        valid += kj >= 0;
-      }
-#pragma unroll 1
-      for (int o = G >> 1; o > 0; o >>= 1) {  // (every lane: G divides 32)
-        c += __shfl_xor_sync(~0u, c, o);
-        rank += __shfl_xor_sync(~0u, rank, o);
-        less += __shfl_xor_sync(~0u, less, o);
-        valid += __shfl_xor_sync(~0u, valid, o);
-      }
-      if (sub == 0 && i < P) hb[i] = v >= 0 && rank == 0 ? plain_groups_of(c) : 0;
-      __syncthreads();
-      mark(3);
-      int goff = 0, groups = 0;
-      for (int j = sub; j < P; j += G) {
-        const int h = hb[j], kj = key[j];
-        goff += kj < v ? h : 0;  // (pairs without a v hold 0)
-        groups += h;
-      }
-#pragma unroll 1
-      for (int o = G >> 1; o > 0; o >>= 1) {
-        goff += __shfl_xor_sync(~0u, goff, o);
-        groups += __shfl_xor_sync(~0u, groups, o);
-      }
-      if (sub == 0 && i < P && v >= 0) {
-        const int pos = less + rank;
-        mem[pos] = static_cast<uint16_t>(i);
-        if (rank % kStreamMaxBlock == 0) {
-          const int g = goff + rank / kStreamMaxBlock;
-          gv[g] = static_cast<uint16_t>(v);
-          gs[g] = static_cast<uint16_t>(pos);
-        }
-      }
-      if (tid == 0)
-        gs[groups] = static_cast<uint16_t>(valid), *n_groups = static_cast<uint16_t>(groups);
-    } else if (tid == 0) {
-      *n_groups = 0;
-    }
-  } else if (P <= kPlainSortPairs && !(a.dbg & 2048)) {
-    // Sort (see above). n = the keys' power of two; chunk c = positions [64c, 64c + 64), lane l
-    // holding positions 64c + 2l (e0) and 64c + 2l + 1 (e1). Keys are distinct: a pair without
-    // a v (and a position past P) gets kNone | pair, which sorts after every valid key.
-    constexpr uint32_t kNone = ~0u << 11;
-    uint32_t* sk = reinterpret_cast<uint32_t*>(base + sc.key);  // n keys, each chunk sorted
-    uint32_t* hw = reinterpret_cast<uint32_t*>(wtot);           // a bit per position: v's first
-    uint32_t* gw = hw + kPlainSortPairs / 32;                   // ... a group's first
-    int* nvalid = reinterpret_cast<int*>(gw + kPlainSortPairs / 32);
-    int n = 64;
-    while (n < P) n <<= 1;
-    const int nch = n >> 6;
-    bool seen = false;  // a valid key among this thread's
-#pragma unroll 1
-    for (int c = w; c < nch; c += nw) {  // each chunk sorted in registers (sizes 2 .. 64)
-      const int b = c << 6;
-      uint32_t e[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int p = b + 2 * lane + h;
-        const int k = p < P ? key_of(p) : -1;
-        seen |= k >= 0;
-        e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
-      }
-      // A chunk without a valid key holds kNone | position at each position: already in order,
-      // so its network is skipped (every slot -1, or a chunk of tokens without adapter).
-      if (__any_sync(~0u, e[0] < kNone || e[1] < kNone)) warp_bitonic_sort64(e[0], e[1], lane);
-      reinterpret_cast<uint2*>(sk + b)[lane] = make_uint2(e[0], e[1]);
-    }
-    if (__syncthreads_or(seen)) {  // (else no group: "No valid key" above)
-      mark(1);
-      const uint32_t* srt = sk;  // the n keys in order
-      if (nch > 1) {
-        // Past a chunk: a key's place is the number of keys below it, the sum over the chunks of
-        // its lower bound there: in its own chunk its index there (the keys are distinct), in
-        // each other a binary search of 64 keys, every chunk's step at once (seven dependent
-        // shared-memory loads per key and chunk). One barrier, whatever n.
-        uint32_t* out = reinterpret_cast<uint32_t*>(base + sc.scan);
-        constexpr int kMaxChunks = kPlainSortPairs / 64;
-#pragma unroll 1
-        for (int i = tid; i < n; i += nt) {
-          const uint32_t x = sk[i];
-          const int own = i >> 6;  // (warp-uniform)
-          int at[kMaxChunks];
-#pragma unroll
-          for (int c = 0; c < kMaxChunks; ++c) at[c] = c << 6;
-#pragma unroll 1
-          for (int st = 32; st > 0; st >>= 1)
-#pragma unroll
-            for (int c = 0; c < kMaxChunks; ++c)
-              if (c < nch && c != own && sk[at[c] + st - 1] < x) at[c] += st;
-          int place = i & 63;
-#pragma unroll
-          for (int c = 0; c < kMaxChunks; ++c)
-            if (c < nch && c != own) place += at[c] - (c << 6) + (sk[at[c]] < x ? 1 : 0);
-          out[place] = x;
-        }
-        __syncthreads();
-        srt = out;
-      }
-      mark(3);
-      // Each position's pair into mem[]; the first position of each v (bits of hw) and the
-      // number of valid keys.
-#pragma unroll 1
-      for (int wd = w; wd < (n >> 5); wd += nw) {
-        const int i = (wd << 5) | lane;
-        const uint32_t x = srt[i];
-        const bool valid = x < kNone;
-        const bool head = valid && (i == 0 || (srt[i - 1] >> 11) != (x >> 11));
-        const unsigned hb = __ballot_sync(~0u, head);
-        if (lane == 0) hw[wd] = hb;
-        if (valid) mem[i] = static_cast<uint16_t>(x & 0x7ffu);
-        if (i == 0 && !valid) *nvalid = 0;
-        if (valid && (i == n - 1 || srt[i + 1] >= kNone)) *nvalid = i + 1;
-      }
-      __syncthreads();
-      // A group opens at every 32nd position of a v, counted from its first (the nearest bit of
-      // hw at or below the position).
-#pragma unroll 1
-      for (int wd = w; wd < (n >> 5); wd += nw) {
-        const int i = (wd << 5) | lane;
-        bool open = false;
-        if (srt[i] < kNone) {
-          int u = wd;
-          unsigned m = hw[u] & ((2u << lane) - 1u);
-          while (m == 0) m = hw[--u];  // (a valid position has its v's first at or below it)
-          open = (i - ((u << 5) | (31 - __clz(m)))) % kStreamMaxBlock == 0;
-        }
-        const unsigned gb = __ballot_sync(~0u, open);
-        if (lane == 0) gw[wd] = gb;
-      }
-      __syncthreads();
-#pragma unroll 1
-      for (int wd = w; wd < (n >> 5); wd += nw) {
-        const unsigned gb = gw[wd];
-        if ((gb >> lane) & 1u) {
-          int g = __popc(gb & ((1u << lane) - 1u));
-#pragma unroll 1
-          for (int u = 0; u < wd; ++u) g += __popc(gw[u]);
-          const int i = (wd << 5) | lane;
-          gv[g] = static_cast<uint16_t>(srt[i] >> 11);
-          gs[g] = static_cast<uint16_t>(i);
-        }
-      }
-      if (tid == 0) {
-        int groups = 0;
-#pragma unroll 1
-        for (int u = 0; u < (n >> 5); ++u) groups += __popc(gw[u]);
-        gs[groups] = static_cast<uint16_t>(*nvalid), *n_groups = static_cast<uint16_t>(groups);
-      }
-    } else if (tid == 0) {
-      *n_groups = 0;
-    }
-  } else {
+  {  // the tables
     const int nwords = (V + 31) >> 5;
     const int seg = ((P + nw - 1) / nw + 31) & ~31;  // pairs per warp in step 2
     const int nwa = (P + seg - 1) / seg;             // warps holding pairs
@@ -972,8 +878,8 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
     }
     mark(6);
   }
-  // Every way but the warp sort ends here. The scratch (key, hb, the tables) may overlap the
-  // stages, which bulk copies (the async proxy) fill next.
+  // The tables end here. Their scratch may overlap the stages, which bulk copies (the async
+  // proxy) fill next.
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   mark(7);
