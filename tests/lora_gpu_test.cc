@@ -281,7 +281,7 @@ TEST(LoraGpu, StreamKernelFewestWarps) {
       check_case(c, rng);
       // Plain routing: 96 and 40 pairs, the grouping's tables (shrink: one warp, its scratch past
       // the stages, which are smaller than it: 1 x 2 stages of 8 KiB; expand: two warps) and,
-      // expand, counting with two warps at 40 pairs; 16 pairs, one warp's sort.
+      // expand, the 256-key warp sort at 40 pairs; 16 pairs, the 32-key warp sort.
       c.routing = RoutingKind::kPlain;
       check_case(c, rng);
       for (int T : {8, 20}) {
@@ -462,7 +462,7 @@ TEST(LoraGpu, StreamShrinkManyTasksPerCta) {
 // Nothing to do: every slot -1 (no task at all: each CTA leaves after reading the routing's
 // length, or with plain routing after the grouping's first barrier), or every slot at rank 0
 // (tasks, none valid). On every kernel, at T = 1 (fewer tasks than CTAs), 6, 16 and 64 (the
-// plain grouping's four ways at top-8: the warp sort, counting, the block sort, the tables) and
+// plain grouping's ways at top-8: the 32-key warp sort, the 256-key one twice, the tables) and
 // 256 (the tables' two rounds of routing loads; the expand's slot check over 256 tokens).
 TEST(LoraGpu, AllSlotsNoneTouchesNothing) {
   MOLORA_SKIP_WITHOUT_GPU();
@@ -1036,13 +1036,13 @@ TEST(LoraGpu, OutOfRangeIdsOnTheDeviceAreSkipped) {
 // Plain routing on the stream kernel groups the pairs as the align output does at blocks of 32
 // (the same groups, members and tasks), so it must give the aligned stream call's bits exactly:
 // Zipf slots, one slot (groups past 32 members, split), half and all without adapter, distinct
-// slots, T = 1 to 256 (2048 pairs, the most it takes), the four ways of grouping (P <= 32: one
-// warp sorts; 33 to 64: counting, P = 33, 49, 63 and 64; 65 to 256: the block sort, P = 65, 99,
-// 200 and 256; above: the tables, P = 257, 320, 511, 512, 513, 2040 and 2048) and the bitmap index
-// (V = 65,536 too), S = 256 (> the 64 slots cached in shared memory), the only slot used past
-// the first warp's lanes (S = 48 at P = 32, S = 60 at P = 64: that slot's rank and scale cached
-// by a thread of warp 1), a key of 16 pairs at P = 16, both ops, bf16 (fp16 at T = 1, 8 and 64),
-// against the reference too.
+// slots, T = 1 to 256 (2048 pairs, the most it takes), the three ways of grouping (P <= 32: the
+// 32-key warp sort; 33 to 256: the 256-key one, P = 33, 49, 63, 64, 65, 99, 200 and 256, its
+// network cut at n = 64, 128 and 256; above: the tables, P = 257, 320, 511, 512, 513, 2040 and
+// 2048) and the bitmap index (V = 65,536 too), S = 256 (> the 64 slots cached in shared memory),
+// the only slot used past the first warp's lanes (S = 48 at P = 32, S = 60 at P = 64: that
+// slot's rank and scale cached by a thread of warp 1), a key of 16 pairs at P = 16, both ops,
+// bf16 (fp16 at T = 1, 8 and 64), against the reference too.
 TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
   MOLORA_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -1074,9 +1074,9 @@ TEST(LoraGpu, PlainStreamGivesTheAlignedStreamBits) {
       {57, 9, 6, 12, 16, 136, SlotMode::kZipf},
       {32, 8, 8, 160, 32, 1032, SlotMode::kZipf},
       {257, 1, 4, 16, 32, 264, SlotMode::kZipf},
-      // one token with an adapter among none in counting and in the block sort (the tables'
-      // way: the 255-token shape above); its pairs last, so the grouping's early way out must
-      // see the valid keys of one warp
+      // one token with an adapter among none in the warp sort of up to 256 pairs (56 and 240
+      // pairs; the tables' way: the 255-token shape above); its pairs last, so the network's
+      // skip and the groups' scans must see the valid keys of one lane
       {7, 8, 8, 160, 32, 1032, SlotMode::kSparse},
       {30, 8, 8, 160, 32, 1032, SlotMode::kSparse},
       // the warp sort's network cut to the power of two n >= P: P = 1, 2, 3, 5, 9, 17 (n = 1,

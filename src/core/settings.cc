@@ -49,9 +49,7 @@ const std::vector<SettingInfo>& registered_settings() {
        "empty or 1 = on, 0 = off"},
       {"MOLORA_LORA_STREAM_PROBE", "0",
        "stream kernel probe (timing only, results wrong): 1 no math, 2 no activations, 4 no "
-       "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map); plain grouping (results "
-       "right): 2048 the tables instead of the block sort (65-256 pairs), 4096 the block sort "
-       "instead of counting (33-64 pairs)"},
+       "copies, 8 no L2 hint, 16 shrink copies row by row (no tensor map)"},
       {"MOLORA_LORA_STREAM_CONSUMERS", "",
        "stream kernel consumer warps per CTA (tuning; empty = the planner's default)"},
       {"MOLORA_LORA_STREAM_STAGES", "",
