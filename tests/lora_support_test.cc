@@ -316,6 +316,20 @@ TEST(LoraBench, TimelineSummaryFromRecords) {
   EXPECT_NE(f.find("max  10.00 (the call)"), std::string::npos) << f;
   EXPECT_EQ(f.find("no clock estimate"), std::string::npos) << f;
   EXPECT_NE(b::format_timeline(b::Timeline{}).find("none"), std::string::npos);
+  EXPECT_EQ(f.find("plain grouping"), std::string::npos) << f;  // (no grouping marks)
+  {  // plain routing: the grouping's line names only the steps its way marked
+    b::Timeline tp = t;
+    tp.c_build[0] = 1.25, tp.c_build[1] = 2.5, tp.c_build[7] = 3.75;
+    const std::string fp = b::format_timeline(tp);
+    EXPECT_NE(fp.find("plain grouping, mean us after the CTA's start: entry 1.250, keys 2.500, "
+                      "done 3.750\n"),
+              std::string::npos)
+        << fp;
+    EXPECT_EQ(fp.find("index"), std::string::npos) << fp;
+    tp.c_build[3] = 3.0;
+    EXPECT_NE(b::format_timeline(tp).find("keys 2.500, ranks 3.000, done 3.750"),
+              std::string::npos);
+  }
   {  // CTAs that all ran under 2 us: no clock estimate, and the line says so
     std::vector<unsigned long long> shortw = w;
     for (size_t k = 0; k < shortw.size(); k += W)

@@ -230,13 +230,19 @@ std::string format_timeline(const Timeline& t) {
                 static_cast<long long>(t.timer_step_ns), t.probe_us, t.clock_ghz, t.c_wait,
                 t.c_known, t.c_issue, t.c_land, t.c_first_done, t.c_end);
   std::string o = b;
-  if (t.c_build[7] > 0) {  // plain routing: the grouping's steps
-    std::snprintf(b, sizeof(b),
-                  "    plain grouping, mean us after the CTA's start: entry %.3f, keys %.3f, "
-                  "index %.3f, ranks %.3f, scan %.3f, counts %.3f, placed %.3f, done %.3f\n",
-                  t.c_build[0], t.c_build[1], t.c_build[2], t.c_build[3], t.c_build[4],
-                  t.c_build[5], t.c_build[6], t.c_build[7]);
-    o += b;
+  if (t.c_build[7] > 0) {  // plain routing: the grouping's steps (those its way marks)
+    // (The tables mark every step; the warp sorts only entry, keys sorted and done.)
+    static const char* const kStep[8] = {"entry", "keys",   "index",  "ranks",
+                                         "scan",  "counts", "placed", "done"};
+    o += "    plain grouping, mean us after the CTA's start:";
+    const char* sep = " ";
+    for (int j = 0; j < 8; ++j) {
+      if (t.c_build[j] <= 0) continue;
+      std::snprintf(b, sizeof(b), "%s%s %.3f", sep, kStep[j], t.c_build[j]);
+      o += b;
+      sep = ", ";
+    }
+    o += "\n";
   }
   if (t.clock_ghz <= 0)  // (the line above then holds zeros)
     o += "    (no CTA ran 2 us or more: no clock estimate)\n";
