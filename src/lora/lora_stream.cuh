@@ -733,8 +733,9 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         if (lane >= o) incl += t;
       }
       const int nvalid = __reduce_add_sync(~0u, nv);
-      uint32_t m[4];  // the positions' pairs, 8 per lane in one 16-byte store (those past the
-                      // valid keys too: no group reads past gs[groups], the valid keys' count)
+      // The positions' pairs, 8 per lane in one 16-byte store; those past the valid keys too,
+      // unread (block_entry reads group g's members up to gs[g + 1], the last up to nvalid).
+      uint32_t m[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) m[q] = (e[2 * q] & 0x7ffu) | ((e[2 * q + 1] & 0x7ffu) << 16);
       reinterpret_cast<uint4*>(mem)[lane] = make_uint4(m[0], m[1], m[2], m[3]);
