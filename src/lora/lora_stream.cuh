@@ -475,27 +475,29 @@ __device__ __forceinline__ int block_entry(const Ctx& x, int64_t g) {
   return (lane < a.block && at < a.sorted_len) ? __ldg(a.rt.sorted_token_ids + at) : -1;
 }
 // --- plain routing: the groups, built by every CTA -------------------------------------------
+// Inclusive scan of v over the warp's lanes in lane order (kMax: the maximum, else the sum):
+// five shuffles. Whole warp.
+template <bool kMax>
+__device__ __forceinline__ int warp_incl_scan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(~0u, v, o);
+    if (lane >= o) v = kMax ? max(v, t) : v + t;
+  }
+  return v;
+}
 // Exclusive prefix of v over the CTA's threads in thread order; *total gets the sum (every
 // thread). Two barriers; wtot holds 32 words.
 __device__ __forceinline__ int block_excl_scan(int v, int* wtot, int* total) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(~0u, inc, o);
-    if (lane >= o) inc += t;
-  }
+  const int inc = warp_incl_scan<false>(v);
   if (lane == 31) wtot[w] = inc;
   __syncthreads();
   // The warps' totals scanned by every warp at once, lane i holding warp i's (nw <= 32): a loop
   // over them unrolled by the compiler was 2.9 KB of code per use, and this code runs once per
   // CTA from a cold instruction cache (bench/NOTES.md "lora v0.22").
-  int wi = lane < nw ? wtot[lane] : 0;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(~0u, wi, o);
-    if (lane >= o) wi += t;
-  }
+  const int wi = warp_incl_scan<false>(lane < nw ? wtot[lane] : 0);
   // (the warps below w: lane w - 1's sum; warp 0 reads lane 31, wrapped, and discards it)
   const int tot = __shfl_sync(~0u, wi, 31), below = __shfl_sync(~0u, wi, (w + 31) & 31);
   __syncthreads();  // (wtot is reused)
@@ -711,12 +713,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         fh[h] = f;
         nv += valid ? 1 : 0;
       }
-      int last = f;  // the last head at or before this lane's end (a max-scan over the lanes)
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(~0u, last, o);
-        if (lane >= o) last = max(last, t);
-      }
+      const int last = warp_incl_scan<true>(f);  // the last head at or before this lane's end
       int carry = __shfl_up_sync(~0u, last, 1);
       if (lane == 0) carry = -1;
       unsigned opens = 0;  // bit h: position 8 lane + h opens a group
@@ -726,12 +723,7 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         if (e[h] < kNone && (8 * lane + h - first) % kStreamMaxBlock == 0) opens |= 1u << h;
       }
       const int no = __popc(opens);
-      int incl = no;  // groups opening at or before this lane's end (a sum-scan over the lanes)
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(~0u, incl, o);
-        if (lane >= o) incl += t;
-      }
+      const int incl = warp_incl_scan<false>(no);  // groups opening at or before this lane's end
       const int nvalid = __reduce_add_sync(~0u, nv);
       // The positions' pairs, 8 per lane in one 16-byte store; those past the valid keys too,
       // unread (block_entry reads group g's members up to gs[g + 1], the last up to nvalid).
