@@ -329,6 +329,16 @@ TEST(LoraBench, TimelineSummaryFromRecords) {
     tp.c_build[3] = 3.0;
     EXPECT_NE(b::format_timeline(tp).find("keys 2.500, ranks 3.000, done 3.750"),
               std::string::npos);
+    // step 2: the tables' index where a ranks step follows, else the warp sort's end
+    tp.c_build[2] = 2.75;
+    const std::string ft = b::format_timeline(tp);
+    EXPECT_NE(ft.find("keys 2.500, index 2.750, ranks 3.000, done 3.750"), std::string::npos) << ft;
+    EXPECT_EQ(ft.find("sorted"), std::string::npos) << ft;
+    tp.c_build[3] = 0;
+    const std::string fw = b::format_timeline(tp);
+    EXPECT_NE(fw.find("entry 1.250, keys 2.500, sorted 2.750, done 3.750\n"), std::string::npos)
+        << fw;
+    EXPECT_EQ(fw.find("index"), std::string::npos) << fw;
   }
   {  // CTAs that all ran under 2 us: no clock estimate, and the line says so
     std::vector<unsigned long long> shortw = w;

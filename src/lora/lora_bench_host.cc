@@ -231,14 +231,16 @@ std::string format_timeline(const Timeline& t) {
                 t.c_known, t.c_issue, t.c_land, t.c_first_done, t.c_end);
   std::string o = b;
   if (t.c_build[7] > 0) {  // plain routing: the grouping's steps (those its way marks)
-    // (The tables mark every step; the warp sorts only entry, keys sorted and done.)
+    // (The tables mark every step; the 256-key warp sort entry, keys (loaded), sorted (its step
+    // 2, named so where no ranks step follows) and done; the 32-key warp sort entry and done.)
     static const char* const kStep[8] = {"entry", "keys",   "index",  "ranks",
                                          "scan",  "counts", "placed", "done"};
     o += "    plain grouping, mean us after the CTA's start:";
     const char* sep = " ";
     for (int j = 0; j < 8; ++j) {
       if (t.c_build[j] <= 0) continue;
-      std::snprintf(b, sizeof(b), "%s%s %.3f", sep, kStep[j], t.c_build[j]);
+      const char* name = j == 2 && t.c_build[3] <= 0 ? "sorted" : kStep[j];
+      std::snprintf(b, sizeof(b), "%s%s %.3f", sep, name, t.c_build[j]);
       o += b;
       sep = ", ";
     }

@@ -699,9 +699,13 @@ __device__ __noinline__ int plain_build(const PlainIn a, uint8_t* smem, uint32_t
         any |= k >= 0;
         e[h] = (k >= 0 ? static_cast<uint32_t>(k) << 11 : kNone) | static_cast<uint32_t>(p);
       }
-      // (without a valid key the keys are already in order: kNone | position)
-      if (__any_sync(~0u, any)) warp_bitonic_sort256(e, lane, n);
-      mark(1);
+      // (without a valid key the keys are already in order: kNone | position; the timeline
+      // probe's marks are inside the branch, so that they follow the loads the vote waits for)
+      if (__any_sync(~0u, any)) {
+        mark(1);  // keys loaded
+        warp_bitonic_sort256(e, lane, n);
+        mark(2);  // sorted
+      }
       const uint32_t before = __shfl_up_sync(~0u, e[7], 1);  // (lane 0: its own, unused)
       int f = -1, fh[8], nv = 0;
 #pragma unroll
