@@ -176,8 +176,8 @@ constexpr int kStreamPlainPairs = 2048;
 constexpr double kTuneMargin = 0.97;
 constexpr int kStreamPlainMaxV = 65536;
 // The scratch's small area (PlainScratch::wtot), 32-bit words: the block scan's warp totals (one
-// per warp, <= 32 used).
-constexpr int kStreamPlainWtotWords = 64;
+// per warp, at most 32 warps).
+constexpr int kStreamPlainWtotWords = 32;
 inline bool stream_plain_ok(int64_t P, int64_t V) {
   return P <= kStreamPlainPairs && V <= kStreamPlainMaxV;
 }
