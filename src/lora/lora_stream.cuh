@@ -615,6 +615,8 @@ __device__ __forceinline__ int plain_groups_of(int c) {
   return (c + kStreamMaxBlock - 1) / kStreamMaxBlock;
 }
 constexpr int kPlainMaxWarps = 16;  // (a stream CTA has at most 12 warps)
+static_assert(kPlainMaxWarps <= kStreamPlainWtotWords,
+              "block_excl_scan keeps one total per warp in the scratch's wtot words");
 // The routing and sizes plain_build reads (by value: it is not inlined, see plain_groups).
 struct PlainIn {
   const int32_t* topk;
