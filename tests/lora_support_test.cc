@@ -365,6 +365,49 @@ TEST(LoraBench, TimelineSummaryFromRecords) {
   EXPECT_EQ(t.calls, before.calls);
 }
 
+// Calls whose CTAs leave before their task count (every slot -1 at the plain kernels' slot
+// check: no tasks-known word, no copy words): those events are counted as reached by no CTA and
+// print "none", not a time from a zero word; with some CTAs past the count, its median is
+// theirs.
+TEST(LoraBench, TimelineEventsNoCtaReached) {
+  namespace b = molora::lora::bench;
+  constexpr int W = detail::kTraceWords, calls = 3, grid = 4;
+  std::vector<unsigned long long> w(size_t(calls) * grid * W, 0);
+  for (int i = 0; i < calls; ++i) {
+    const unsigned long long prev = 5000000 + 10000ull * i;
+    for (int c = 0; c < grid; ++c) {
+      unsigned long long* r = &w[(size_t(i) * grid + c) * W];
+      r[0] = prev + 200 + 32 * c;
+      r[1] = prev + 700;
+      r[5] = prev + 1200;
+      r[6] = c == grid - 1 ? prev + 10000 : prev + 1250;  // the next call's prev
+    }
+  }
+  b::Timeline t;
+  ASSERT_TRUE(b::summarize_timeline(w, calls, grid, &t).ok());
+  EXPECT_EQ(t.known_ctas, 0.0);
+  EXPECT_EQ(t.issue_ctas, 0.0);
+  EXPECT_EQ(t.land_ctas, 0.0);
+  EXPECT_NEAR(t.first_done_med, 1.2, 1e-9);
+  std::string f = b::format_timeline(t);
+  EXPECT_NE(f.find("tasks known             med    none\n"), std::string::npos) << f;
+  EXPECT_NE(f.find("1st copy issued         med    none\n"), std::string::npos) << f;
+  EXPECT_NE(f.find("1st copy landed         med    none\n"), std::string::npos) << f;
+  EXPECT_EQ(f.find("-"), std::string::npos) << f;  // (no negative time)
+  // Two of the four CTAs past the count (at 900 and 1100 ns): its median is theirs.
+  for (int i = 0; i < calls; ++i)
+    for (int c = 0; c < 2; ++c) {
+      unsigned long long* r = &w[(size_t(i) * grid + c) * W];
+      r[2] = 5000000 + 10000ull * i + 900 + 200 * c;
+    }
+  ASSERT_TRUE(b::summarize_timeline(w, calls, grid, &t).ok());
+  EXPECT_EQ(t.known_ctas, 2.0);
+  EXPECT_NEAR(t.known_med, 1.0, 1e-9);
+  f = b::format_timeline(t);
+  EXPECT_NE(f.find("tasks known             med   1.00\n"), std::string::npos) << f;
+  EXPECT_NE(f.find("1st copy issued         med    none\n"), std::string::npos) << f;
+}
+
 // The stream kernels' tensor-map memo (memo_cache.h): a hit returns what make() stored for that
 // exact key, make() runs once per key, every byte of the key counts, and the least recently used
 // key is the one evicted at capacity.

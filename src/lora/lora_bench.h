@@ -85,7 +85,7 @@ struct Timeline {
   int calls = 0, grid = 0;              // calls summarised (0: none), CTAs per call
   double start_min = 0, start_med = 0;  // CTA start (negative: before the previous call ended)
   double wait_med = 0, wait_max = 0;    // pdl_wait returned
-  double known_med = 0;                 // task count known
+  double known_med = 0;                 // task count known (CTAs with it)
   double issue_med = 0, issue_max = 0;  // first weight copy issued (CTAs with one)
   double land_med = 0, land_max = 0;    // that copy landed
   double first_done_med = 0;            // a CTA's first warp done
@@ -103,6 +103,9 @@ struct Timeline {
   // us after the CTA's start by its clock; 0 where no CTA has the mark.
   double c_build[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   double probe_us = 0;  // time per call with the probe on (run_case)
+  // CTAs that reached the task count, issued a first copy, and saw it land (median over the
+  // calls); 0: none did, and format_timeline prints "none" for that event.
+  double known_ctas = 0, issue_ctas = 0, land_ctas = 0;
 };
 // Fails (InvalidArgument) on a size mismatch, fewer than 2 calls or an unwritten record.
 Status summarize_timeline(const std::vector<unsigned long long>& words, int calls, int grid,

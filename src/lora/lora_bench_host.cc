@@ -120,6 +120,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
   // Each statistic per call, then its median over the calls.
   std::vector<double> start_min, start_med, wait_med, wait_max, known_med, issue_med, issue_max,
       land_med, land_max, first_done_med, end_min, end_med, end_max, tasks_mean, busiest;
+  std::vector<double> known_n, issue_n, land_n;  // CTAs with the event, per call
   int tasks_max = 0;
   int64_t step = 0;
   for (int i = 1; i < calls; ++i) {
@@ -136,7 +137,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
       st.push_back(us(r[0]));
       starts.push_back(r[0]);
       wt.push_back(us(r[1]));
-      kn.push_back(us(r[2]));
+      if (r[2] != 0) kn.push_back(us(r[2]));  // (unset: the CTA left before its task count)
       if (r[3] != 0) is.push_back(us(r[3]));
       if (r[4] != 0) ld.push_back(us(r[4]));
       fd.push_back(us(r[5]));
@@ -172,6 +173,9 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
     wait_med.push_back(median(wt));
     wait_max.push_back(*std::max_element(wt.begin(), wt.end()));
     known_med.push_back(median(kn));
+    known_n.push_back(double(kn.size()));
+    issue_n.push_back(double(is.size()));
+    land_n.push_back(double(ld.size()));
     issue_med.push_back(median(is));
     issue_max.push_back(is.empty() ? 0 : *std::max_element(is.begin(), is.end()));
     land_med.push_back(median(ld));
@@ -190,6 +194,7 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
   t.start_min = median(start_min), t.start_med = median(start_med);
   t.wait_med = median(wait_med), t.wait_max = median(wait_max);
   t.known_med = median(known_med);
+  t.known_ctas = median(known_n), t.issue_ctas = median(issue_n), t.land_ctas = median(land_n);
   t.issue_med = median(issue_med), t.issue_max = median(issue_max);
   t.land_med = median(land_med), t.land_max = median(land_max);
   t.first_done_med = median(first_done_med);
@@ -209,14 +214,29 @@ Status summarize_timeline(const std::vector<unsigned long long>& words, int call
 std::string format_timeline(const Timeline& t) {
   if (t.calls == 0) return "  timeline: none (the plan is not a stream kernel)\n";
   char b[2048];
+  // An event no CTA reached (every CTA left before it: no task, or every slot -1 at the plain
+  // kernels' slot check) prints "none", not a time.
+  auto ev = [](double ctas, double med, double mx, bool with_max) {
+    char e[64];
+    if (ctas <= 0)
+      std::snprintf(e, sizeof(e), "   none");
+    else if (with_max)
+      std::snprintf(e, sizeof(e), "%6.2f  max %6.2f", med, mx);
+    else
+      std::snprintf(e, sizeof(e), "%6.2f", med);
+    return std::string(e);
+  };
+  const std::string known = ev(t.known_ctas, t.known_med, 0, false);
+  const std::string issue = ev(t.issue_ctas, t.issue_med, t.issue_max, true);
+  const std::string land = ev(t.land_ctas, t.land_med, t.land_max, true);
   std::snprintf(b, sizeof(b),
                 "  timeline (median of %d calls, %d CTAs; us from the previous call's last CTA "
                 "end):\n"
                 "    CTA start       min %6.2f  med %6.2f\n"
                 "    pdl_wait done           med %6.2f  max %6.2f\n"
-                "    tasks known             med %6.2f\n"
-                "    1st copy issued         med %6.2f  max %6.2f\n"
-                "    1st copy landed         med %6.2f  max %6.2f\n"
+                "    tasks known             med %s\n"
+                "    1st copy issued         med %s\n"
+                "    1st copy landed         med %s\n"
                 "    1st warp done           med %6.2f\n"
                 "    CTA end         min %6.2f  med %6.2f  max %6.2f (the call)\n"
                 "    tasks per CTA mean %.2f, max %d; the busiest CTA ends at %.2f\n"
@@ -224,11 +244,11 @@ std::string format_timeline(const Timeline& t) {
                 "    by each CTA's clock (%.2f GHz), mean us after its start: pdl_wait %.3f, "
                 "tasks known %.3f, 1st copy issued %.3f, landed %.3f, 1st warp done %.3f, "
                 "end %.3f\n",
-                t.calls, t.grid, t.start_min, t.start_med, t.wait_med, t.wait_max, t.known_med,
-                t.issue_med, t.issue_max, t.land_med, t.land_max, t.first_done_med, t.end_min,
-                t.end_med, t.end_max, t.tasks_mean, t.tasks_max, t.busiest_end,
-                static_cast<long long>(t.timer_step_ns), t.probe_us, t.clock_ghz, t.c_wait,
-                t.c_known, t.c_issue, t.c_land, t.c_first_done, t.c_end);
+                t.calls, t.grid, t.start_min, t.start_med, t.wait_med, t.wait_max, known.c_str(),
+                issue.c_str(), land.c_str(), t.first_done_med, t.end_min, t.end_med, t.end_max,
+                t.tasks_mean, t.tasks_max, t.busiest_end, static_cast<long long>(t.timer_step_ns),
+                t.probe_us, t.clock_ghz, t.c_wait, t.c_known, t.c_issue, t.c_land, t.c_first_done,
+                t.c_end);
   std::string o = b;
   if (t.c_build[7] > 0) {  // plain routing: the grouping's steps (those its way marks)
     // (The tables mark every step; the 256-key warp sort entry, keys (loaded), sorted (its step
